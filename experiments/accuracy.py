@@ -1,0 +1,134 @@
+"""Accuracy with lm-eval, run against the candidate in its own engine."""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from lm_eval.api.model import TemplateLM
+
+log = logging.getLogger(__name__)
+
+
+class OnnxSessionLM(TemplateLM):
+    """lm-eval scoring through ONNX Runtime on the exported graph itself (same file the generator runs).
+
+    Mirrors HFLM's causal scoring: context+continuation truncated on the left to the model's window,
+    log-softmax over the continuation positions, greedy check per token.
+    """
+
+    def __init__(self, onnx_path: Path, tokenizer, threads: int):
+        super().__init__()
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+        self.tokenizer = tokenizer
+        config = json.loads((Path(onnx_path).parent / "genai_config.json").read_text())["model"]
+        self.max_length = config["context_length"]
+        dec = config["decoder"]
+        self._empty_past = {
+            f"past_key_values.{i}.{kv}": np.zeros((1, dec["num_key_value_heads"], 0, dec["head_size"]), np.float32)
+            for i in range(dec["num_hidden_layers"]) for kv in ("key", "value")}
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        return self.tokenizer.encode(string, add_special_tokens=bool(add_special_tokens))
+
+    def _logprobs(self, tokens: list[int]) -> np.ndarray:
+        ids = np.asarray([tokens], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), **self._empty_past}
+        logits = self.session.run(["logits"], feeds)[0][0].astype(np.float64)
+        return logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
+        results = []
+        for _, context_enc, continuation_enc in requests:
+            whole = (context_enc + continuation_enc)[-(self.max_length + 1):]
+            logprobs = self._logprobs(whole[:-1])[-len(continuation_enc):]
+            picked = logprobs[np.arange(len(continuation_enc)), continuation_enc]
+            greedy = bool((logprobs.argmax(-1) == np.asarray(continuation_enc)).all())
+            results.append((float(picked.sum()), greedy))
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        out = []
+        for req in requests:
+            tokens = [self.eot_token_id] + self.tok_encode(req.args[0])
+            total = 0.0
+            for start in range(0, len(tokens) - 1, self.max_length):
+                window = tokens[start: start + self.max_length + 1]
+                lp = self._logprobs(window[:-1])
+                total += float(lp[np.arange(len(window) - 1), window[1:]].sum())
+            out.append(total)
+        return out
+
+    def generate_until(self, requests, disable_tqdm: bool = False):
+        out = []
+        for req in requests:
+            context, gen_kwargs = req.args
+            until = gen_kwargs.get("until", [])
+            tokens = self.tok_encode(context)[-self.max_length:]
+            new: list[int] = []
+            for _ in range(int(gen_kwargs.get("max_gen_toks", 64))):
+                token = int(self._logprobs((tokens + new)[-self.max_length:])[-1].argmax())
+                if token == self.eot_token_id:
+                    break
+                new.append(token)
+                text = self.tokenizer.decode(new)
+                if any(u in text for u in until):
+                    break
+            text = self.tokenizer.decode(new)
+            for u in until:
+                text = text.split(u)[0]
+            out.append(text)
+        return out
+
+
+@dataclass(frozen=True)
+class AccuracyReport:
+    task: str
+    metric: str
+    value: float
+    stderr: float
+    per_doc: tuple[float, ...] = field(repr=False)   # the metric per document, in doc_id order
+    results: dict = field(repr=False, default_factory=dict)
+
+    def to_metrics(self) -> dict[str, float]:
+        return {mlflow_name(f"accuracy/{self.task}/{self.metric}"): self.value,
+                mlflow_name(f"accuracy/{self.task}/{self.metric}_stderr"): self.stderr}
+
+
+def mlflow_name(name: str) -> str:
+    """lm-eval keys like `acc,none` are not valid MLflow names."""
+    return re.sub(r"[^0-9A-Za-z_\-./ ]", "_", name)
+
+
+def evaluate(lm, tasks: list[str], metric: str, include_path: Path | None, limit: int | None,
+             seed: int) -> list[AccuracyReport]:
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=str(include_path) if include_path else None)
+    res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
+                                  log_samples=True, random_seed=seed, numpy_random_seed=seed,
+                                  torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=0)  # stderr from per-doc values below
+    reports = []
+    for task in tasks:
+        row = res["results"][task]
+        samples = sorted(res["samples"][task], key=lambda s: s["doc_id"])
+        per_doc = np.array([float(s[metric]) for s in samples])
+        reports.append(AccuracyReport(
+            task=task, metric=metric, value=float(row[f"{metric},none"]),
+            stderr=float(per_doc.std(ddof=1) / np.sqrt(len(per_doc))) if len(per_doc) > 1 else 0.0,
+            per_doc=tuple(per_doc.tolist()),
+            results={"results": res["results"], "configs": res.get("configs", {}),
+                     "versions": res.get("versions", {})}))
+    return reports

@@ -1,0 +1,300 @@
+"""Closed-loop load over a concurrency ladder, with per-token timestamps.
+
+Definitions (ARCHITECTURE.md, as vLLM / genai-perf use them): TTFT = first token - send; E2E = last token - send;
+TPOT = (E2E - TTFT) / (output tokens - 1); ITL = the gaps between tokens; queue time = start of the first
+engine step - arrival; model time = the engine's own compute. Errors and timeouts are counted as rates and
+kept out of the latency percentiles.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import psutil
+
+from experiments.serving.engine import Engine
+from experiments.stats import MIN_SAMPLES_FOR_P99, LatencyStats
+
+LATENCY_METRICS = ("e2e_ms", "ttft_ms", "tpot_ms", "itl_ms", "queue_ms", "model_ms")
+
+
+# --- workload ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Prompt:
+    id: int
+    token_ids: tuple[int, ...]
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: tuple[Prompt, ...]      # measured, in a fixed seeded order
+    warmup: tuple[Prompt, ...]       # distinct from the measured ones
+
+    @classmethod
+    def from_texts(cls, texts: list[str], tokenizer, input_tokens, output_tokens, count: int,
+                   warmup_count: int, seed: int) -> "Workload":
+        """Windows of held-out text cut to a mix of input lengths, each with a mix of output lengths."""
+        rng = random.Random(seed)
+        stream = [t for text in texts for t in tokenizer.encode(text, add_special_tokens=False)]
+        longest = max(input_tokens)
+        if len(stream) <= longest + 1:
+            raise ValueError(f"workload text has {len(stream)} tokens; need more than {longest + 1}")
+        prompts = []
+        for i in range(count + warmup_count):
+            n_in = rng.choice(list(input_tokens))
+            start = rng.randrange(0, len(stream) - n_in)
+            prompts.append(Prompt(i, tuple(stream[start:start + n_in]), rng.choice(list(output_tokens))))
+        return cls(prompts=tuple(prompts[:count]), warmup=tuple(prompts[count:]))
+
+
+# --- one request's life -----------------------------------------------------------------------------------
+@dataclass
+class RequestRecord:
+    prompt: Prompt
+    arrival: float = 0.0
+    engine_start: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    model_s: float = 0.0
+    error: str | None = None
+    timed_out: bool = False
+    cancelled: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.timed_out and len(self.token_times) > 0
+
+    def metrics(self) -> dict[str, float]:
+        t = self.token_times
+        m = {"e2e_ms": (t[-1] - self.arrival) * 1e3, "ttft_ms": (t[0] - self.arrival) * 1e3,
+             "queue_ms": (self.engine_start - self.arrival) * 1e3, "model_ms": self.model_s * 1e3,
+             "output_tokens": len(t), "input_tokens": len(self.prompt.token_ids)}
+        if len(t) > 1:
+            m["tpot_ms"] = (t[-1] - t[0]) * 1e3 / (len(t) - 1)
+        return m
+
+
+class SequentialServer:
+    """A FIFO request queue in front of one engine that serves one request at a time (no batching)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._queue: queue.Queue[RequestRecord | None] = queue.Queue()
+        self._worker = threading.Thread(target=self._serve, name="roi-server", daemon=True)
+        self._worker.start()
+
+    def submit(self, prompt: Prompt) -> RequestRecord:
+        rec = RequestRecord(prompt, arrival=time.perf_counter())
+        self._queue.put(rec)
+        return rec
+
+    def _serve(self) -> None:
+        while (rec := self._queue.get()) is not None:
+            if rec.cancelled:
+                rec.done.set()
+                continue
+            rec.engine_start = time.perf_counter()
+            try:
+                for _, compute in self.engine.generate(list(rec.prompt.token_ids), rec.prompt.max_new_tokens):
+                    rec.token_times.append(time.perf_counter())
+                    rec.model_s += compute
+                    if rec.cancelled:
+                        break
+            except Exception as exc:  # an engine failure is a request error, counted and reported
+                rec.error = f"{type(exc).__name__}: {exc}"
+            rec.done.set()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._worker.join(timeout=30)
+
+
+# --- resource sampling ------------------------------------------------------------------------------------
+class ResourceSampler:
+    """CPU utilisation and RSS of this (serving) process, sampled in the background."""
+
+    def __init__(self, interval_s: float = 0.25):
+        self.interval_s = interval_s
+        self.cpu: list[float] = []
+        self.rss_mb: list[float] = []
+        self._stop = threading.Event()
+        self._proc = psutil.Process()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._proc.cpu_percent(None)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(self.interval_s):
+            self.cpu.append(self._proc.cpu_percent(None))
+            self.rss_mb.append(self._proc.memory_info().rss / 2**20)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+# --- one concurrency level --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LevelReport:
+    concurrency: int
+    duration_s: float
+    records: tuple[RequestRecord, ...] = field(repr=False)
+    stats: dict[str, LatencyStats | None] = field(repr=False)
+    cpu_percent_mean: float
+    rss_mb_max: float
+    min_requests_met: bool
+
+    @property
+    def n_ok(self) -> int:
+        return sum(r.ok for r in self.records)
+
+    @property
+    def error_rate(self) -> float:
+        return sum(r.error is not None for r in self.records) / max(1, len(self.records))
+
+    @property
+    def timeout_rate(self) -> float:
+        return sum(r.timed_out for r in self.records) / max(1, len(self.records))
+
+    @property
+    def qps(self) -> float:
+        return self.n_ok / self.duration_s
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return sum(len(r.token_times) for r in self.records if r.ok) / self.duration_s
+
+    def values(self, metric: str) -> np.ndarray:
+        ok = [r for r in self.records if r.ok]
+        if metric == "itl_ms":
+            return np.concatenate([np.diff(r.token_times) * 1e3 for r in ok]) if ok else np.array([])
+        return np.array([m[metric] for m in (r.metrics() for r in ok) if metric in m])
+
+
+def run_level(server: SequentialServer, workload: Workload, concurrency: int, cfg, confidence: float) -> LevelReport:
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    _closed_loop(server, workload.warmup, concurrency, min_requests=cfg.warmup_requests,
+                 min_s=cfg.get("warmup_s", 0.0), max_s=cfg.max_duration_s, timeout_s=cfg.request_timeout_s)
+    with ResourceSampler() as sampler:
+        started = time.perf_counter()
+        records = _closed_loop(server, workload.prompts, concurrency, min_requests=cfg.min_requests,
+                               min_s=cfg.min_duration_s, max_s=cfg.max_duration_s,
+                               timeout_s=cfg.request_timeout_s)
+        duration = time.perf_counter() - started
+    level = LevelReport(concurrency=concurrency, duration_s=duration, records=tuple(records), stats={},
+                        cpu_percent_mean=float(np.mean(sampler.cpu)) if sampler.cpu else 0.0,
+                        rss_mb_max=float(max(sampler.rss_mb, default=psutil.Process().memory_info().rss / 2**20)),
+                        min_requests_met=len(records) >= cfg.min_requests)
+    level.stats.update({m: LatencyStats.from_samples(level.values(m), confidence) for m in LATENCY_METRICS})
+    return level
+
+
+def _closed_loop(server, prompts, concurrency, min_requests, min_s, max_s, timeout_s) -> list[RequestRecord]:
+    """`concurrency` clients, each sending its next request as soon as the last one finished."""
+    records: list[RequestRecord] = []
+    lock = threading.Lock()
+    started = time.perf_counter()
+    counter = iter(range(10**9))
+
+    def enough() -> bool:
+        elapsed = time.perf_counter() - started
+        return elapsed >= max_s or (elapsed >= min_s and len(records) >= min_requests)
+
+    def client():
+        while True:
+            with lock:
+                if enough():
+                    return
+                i = next(counter)
+            rec = server.submit(prompts[i % len(prompts)])
+            if not rec.done.wait(timeout_s):
+                rec.timed_out = rec.cancelled = True
+            with lock:
+                records.append(rec)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return records
+
+
+# --- the whole ladder -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BenchmarkReport:
+    levels: tuple[LevelReport, ...]
+
+    def level(self, concurrency: int) -> LevelReport:
+        for lv in self.levels:
+            if lv.concurrency == concurrency:
+                return lv
+        raise KeyError(f"no level at concurrency {concurrency}; measured: {[lv.concurrency for lv in self.levels]}")
+
+    def metric_series(self) -> dict[str, list[tuple[int, float]]]:
+        """MLflow metrics: name -> [(step = concurrency, value)]."""
+        out: dict[str, list[tuple[int, float]]] = {}
+
+        def put(name, step, value):
+            if value is not None and np.isfinite(value):
+                out.setdefault(name, []).append((step, float(value)))
+
+        for lv in self.levels:
+            c = lv.concurrency
+            for metric, st in lv.stats.items():
+                if st is None:
+                    continue
+                for name in ("mean", "p50", "p95", "p99"):
+                    put(f"{metric}_{name}", c, st.stat(name))
+            put("qps", c, lv.qps)
+            put("output_tokens_per_s", c, lv.output_tokens_per_s)
+            put("error_rate", c, lv.error_rate)
+            put("timeout_rate", c, lv.timeout_rate)
+            put("requests", c, len(lv.records))
+            put("cpu_percent", c, lv.cpu_percent_mean)
+            put("rss_mb_max", c, lv.rss_mb_max)
+        return out
+
+    def samples_csv(self) -> str:
+        buf = io.StringIO()
+        cols = ["concurrency", "prompt_id", "input_tokens", "output_tokens", "e2e_ms", "ttft_ms", "tpot_ms",
+                "queue_ms", "model_ms", "error", "timed_out"]
+        w = csv.DictWriter(buf, fieldnames=cols)
+        w.writeheader()
+        for lv in self.levels:
+            for r in lv.records:
+                row = {"concurrency": lv.concurrency, "prompt_id": r.prompt.id, "error": r.error or "",
+                       "timed_out": r.timed_out, "input_tokens": len(r.prompt.token_ids),
+                       "output_tokens": len(r.token_times)}
+                if r.ok:
+                    row.update({k: round(v, 4) for k, v in r.metrics().items() if k in cols})
+                w.writerow(row)
+        return buf.getvalue()
+
+    def validity(self) -> dict[str, bool]:
+        return {f"c{lv.concurrency}_p99_claimable": lv.n_ok >= MIN_SAMPLES_FOR_P99 for lv in self.levels} | {
+            f"c{lv.concurrency}_min_requests_met": lv.min_requests_met for lv in self.levels}
+
+
+def run_benchmark(engine: Engine, workload: Workload, cfg, confidence: float = 0.95,
+                  on_level=lambda c: None) -> BenchmarkReport:
+    server = SequentialServer(engine)
+    try:
+        levels = []
+        for c in cfg.concurrency:
+            on_level(c)
+            levels.append(run_level(server, workload, int(c), cfg, confidence))
+        return BenchmarkReport(tuple(levels))
+    finally:
+        server.close()

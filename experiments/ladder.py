@@ -1,0 +1,245 @@
+"""The ladder: champion vs challenger, rung by rung in ROI order; a rejected rung is reverted."""
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlflow
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from experiments import tracking
+from experiments.accuracy import AccuracyReport, evaluate
+from experiments.benchmark import LATENCY_METRICS, BenchmarkReport, Workload, run_benchmark
+from experiments.errors import ConfigError
+from experiments.gate import Criterion, Gate, Verdict
+from experiments.serving import build_engine
+from experiments.targets import check_source, resolve
+from optimizers.base import Candidate, Env, Optimizer
+from optimizers.baseline import EagerBaseline
+
+log = logging.getLogger(__name__)
+STATS = ("mean", "p50", "p95", "p99")
+
+
+@dataclass
+class RungOutcome:
+    name: str
+    verdict: Verdict
+    candidate: Candidate | None = None
+    bench: BenchmarkReport | None = None
+    accuracy: list[AccuracyReport] = field(default_factory=list)
+    run_id: str | None = None
+    champion_before: "RungOutcome | None" = None
+
+    def summary(self, top_concurrency: int) -> dict[str, float]:
+        if self.bench is None:
+            return {}
+        c1, top = self.bench.levels[0], self.bench.level(top_concurrency)
+        out = {"ttft_ms_p50": c1.stats["ttft_ms"].p50.value if c1.stats["ttft_ms"] else float("nan"),
+               "tpot_ms_p50": c1.stats["tpot_ms"].p50.value if c1.stats["tpot_ms"] else float("nan"),
+               "tokens_per_s": top.output_tokens_per_s}
+        if self.accuracy:
+            out["accuracy"] = self.accuracy[0].value
+        return out
+
+
+@dataclass
+class SweepResult:
+    parent_run_id: str
+    experiment_id: str
+    outcomes: list[RungOutcome]
+    champion: RungOutcome | None
+
+
+# --- validation before any long work ---------------------------------------------------------------------
+def load_rungs(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
+    rungs = []
+    for name, rung_cfg in (cfg.ladder.get("rungs") or {}).items():
+        try:
+            opt = instantiate(rung_cfg)
+        except InstantiationException as exc:
+            cause = exc.__cause__ or exc
+            raise ConfigError(f"rung {name!r} could not be built from its config: {cause}",
+                              f"check conf/rung/{name}.yaml: keys must match the optimizer's arguments") from None
+        if not isinstance(opt, Optimizer):
+            raise ConfigError(f"rung {name!r} has _target_ {rung_cfg.get('_target_')}, which is not an Optimizer",
+                              "point _target_ at a class in optimizers/")
+        opt.name = name
+        rungs.append((name, opt))
+    if not rungs or not isinstance(rungs[0][1], EagerBaseline):
+        raise ConfigError("the ladder must start with the baseline rung (the first champion)",
+                          "put `/rung@rungs.baseline: baseline` first in the ladder's defaults")
+    return rungs
+
+
+def validate(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
+    check_source(cfg.target)
+    levels = list(cfg.benchmark.concurrency)
+    if not levels or any(int(c) < 1 for c in levels):
+        raise ConfigError(f"benchmark.concurrency must list integers >= 1, got {levels}",
+                          "e.g. benchmark.concurrency=[1,2,4]")
+    obj = cfg.gate.objective
+    if obj.metric not in LATENCY_METRICS:
+        raise ConfigError(f"gate.objective.metric {obj.metric!r} is unknown", f"use one of {LATENCY_METRICS}")
+    if obj.stat not in STATS:
+        raise ConfigError(f"gate.objective.stat {obj.stat!r} is unknown", f"use one of {STATS}")
+    if int(obj.concurrency) not in [int(c) for c in levels]:
+        raise ConfigError(f"gate.objective.concurrency={obj.concurrency} is not a measured level {levels}",
+                          "add it to benchmark.concurrency or pick one of the levels")
+    data_dir = Path(cfg.data_dir)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        probe = data_dir / ".write-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"data directory {data_dir} is not writable ({exc.strerror})",
+                          "set data_dir=... or ROI_LADDER_HOME to a writable folder") from None
+    return load_rungs(cfg)
+
+
+def check_tasks(tasks: list[str], include_path: Path | None) -> None:
+    from lm_eval.tasks import TaskManager
+
+    known = set(TaskManager(include_path=str(include_path) if include_path else None).all_tasks)
+    unknown = [t for t in tasks if t not in known]
+    if unknown:
+        raise ConfigError(f"unknown lm-eval task(s): {', '.join(unknown)}",
+                          "use a task lm-eval knows, or set accuracy.include_path to a folder with its YAML")
+
+
+# --- the sweep --------------------------------------------------------------------------------------------
+def run_sweep(cfg: DictConfig, ui) -> SweepResult:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    rungs = validate(cfg)
+    data_dir = Path(cfg.data_dir)
+    experiment_id = tracking.connect(cfg.tracking)   # fails fast on a bad tracking URI
+    env = Env.detect()
+    with ui.stage("target: building or loading the model"):
+        target, texts, shipped_tasks = resolve(cfg.target, data_dir, ui.note)
+    include_path = Path(cfg.accuracy.include_path) if cfg.accuracy.include_path else shipped_tasks
+    check_tasks(list(cfg.accuracy.tasks), include_path)
+    tokenizer = _tokenizer(target.model_dir)
+    wl = cfg.target.workload
+    workload = Workload.from_texts(texts, tokenizer, wl.input_tokens, wl.output_tokens, wl.prompts,
+                                   max(8, cfg.benchmark.warmup_requests), cfg.seed)
+    gate = Gate(cfg.gate, cfg.seed)
+    top = int(max(cfg.benchmark.concurrency))
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    outcomes: list[RungOutcome] = []
+    champion: RungOutcome | None = None
+    sweep_id = time.strftime("%Y%m%d-%H%M%S")
+    with tracking.run(f"sweep-{sweep_id}", experiment_id,
+                      tags={"roi.sweep": sweep_id, "roi.target": target.name, "roi.kind": "sweep",
+                            "roi.profile": str(cfg.get("profile_name", "")), "git_commit": tracking.git_commit(),
+                            "hardware": "cuda" if env.cuda else "cpu"}) as parent:
+        tracking.log_params(tracking.flatten(resolved))
+        mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
+        tracking.write_json(tracking.environment(), "env.json")
+        for name, opt in rungs:
+            outcome = _climb(name, opt, champion, target, env, cfg, workload, include_path, gate, experiment_id, ui)
+            outcomes.append(outcome)
+            if outcome.verdict.accepted:
+                champion = outcome
+            ui.rung_done(outcome, top)
+        mlflow.set_tags({"roi.champion_run": champion.run_id if champion else "",
+                         "roi.champion_rung": champion.name if champion else ""})
+        mlflow.log_text(_markdown_table(outcomes, top), "summary.md")
+    return SweepResult(parent.info.run_id, experiment_id, outcomes, champion)
+
+
+def _climb(name, opt, champion, target, env, cfg, workload, include_path, gate, experiment_id, ui) -> RungOutcome:
+    base = champion.candidate if champion else None
+    tags = {"roi.rung": name, "roi.kind": "rung", "roi.cost": opt.cost,
+            "roi.champion_before": champion.run_id if champion else ""}
+    with tracking.run(name, experiment_id, nested=True, tags=tags) as run:
+        outcome = RungOutcome(name, Verdict("failed", "not run"), run_id=run.info.run_id, champion_before=champion)
+        try:
+            current = base or Candidate(target)
+            reason = opt.check(env, current)
+            if champion is None and not isinstance(opt, EagerBaseline):
+                outcome.verdict = Verdict("skipped", "no champion to compare with: the baseline did not complete")
+            elif reason:
+                outcome.verdict = Verdict("skipped", f"not applicable here: {reason}")
+            else:
+                outcome.candidate = cand = opt.apply(current)
+                mlflow.log_params(tracking.flatten({"recipe": cand.describe()}))
+                outcome.bench, outcome.accuracy = _measure(cand, cfg, workload, include_path, ui, name)
+                _log_measurements(outcome)
+                if champion is None:
+                    outcome.verdict = Verdict("accepted", "baseline: the first champion, measured as is")
+                else:
+                    criteria = [gate.performance(champion.bench, outcome.bench)]
+                    criteria += [gate.accuracy(c, n) for c, n in zip(champion.accuracy, outcome.accuracy)]
+                    outcome.verdict = Verdict.from_criteria(criteria)
+                    _log_criteria(outcome.verdict.criteria)
+        except ConfigError:
+            raise
+        except Exception as exc:  # a rung that breaks is a verdict, not the end of the sweep
+            log.exception("rung %s failed", name)
+            outcome.verdict = Verdict("failed", f"{type(exc).__name__}: {str(exc)[:400]}")
+        mlflow.set_tags({"roi.verdict": outcome.verdict.status, "roi.reason": outcome.verdict.reason[:5000]})
+        if outcome.verdict.status != "accepted":
+            mlflow.set_tag("roi.reverted_to", champion.run_id if champion else "")
+    return outcome
+
+
+def _measure(cand, cfg, workload, include_path, ui, name):
+    engine = None
+    try:
+        with ui.stage(f"{name}: building the {cand.recipe.engine} engine"):
+            artefacts = Path(cfg.data_dir) / "artefacts"
+            engine = build_engine(cand, int(cfg.threads), artefacts)
+        mlflow.log_metric("artefact_bytes", engine.artefact_bytes())
+        if hasattr(engine, "build_seconds"):
+            mlflow.log_metric("build_seconds", engine.build_seconds)
+            mlflow.set_tag("roi.artefact_reused", str(engine.reused))
+        with ui.stage(f"{name}: load ladder") as st:
+            bench = run_benchmark(engine, workload, cfg.benchmark, cfg.gate.confidence,
+                                  on_level=lambda c: st.update(f"{name}: load at concurrency {c}"))
+        with ui.stage(f"{name}: lm-eval in the {cand.recipe.engine} engine"):
+            acc = evaluate(engine.lm_eval_model(int(cfg.accuracy.batch_size)), list(cfg.accuracy.tasks),
+                           cfg.gate.accuracy.metric, include_path, cfg.accuracy.limit, cfg.seed)
+        return bench, acc
+    finally:
+        if engine is not None:
+            engine.close()
+        del engine
+        gc.collect()
+
+
+def _log_measurements(outcome: RungOutcome) -> None:
+    tracking.log_series(outcome.bench.metric_series())
+    mlflow.log_text(outcome.bench.samples_csv(), "benchmark/samples.csv")
+    mlflow.set_tags({f"validity.{k}": str(v) for k, v in outcome.bench.validity().items()})
+    for acc in outcome.accuracy:
+        mlflow.log_metrics(acc.to_metrics())
+        tracking.write_json(acc.results, f"accuracy/{acc.task}/results.json")
+
+
+def _log_criteria(criteria: tuple[Criterion, ...]) -> None:
+    for c in criteria:
+        mlflow.log_metrics({f"gate/{c.name}/{k}": v for k, v in c.numbers.items()})
+        mlflow.set_tag(f"roi.gate.{c.name}", f"{'pass' if c.passed else 'FAIL'}: {c.detail}"[:5000])
+
+
+def _tokenizer(model_dir):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def _markdown_table(outcomes: list[RungOutcome], top: int) -> str:
+    rows = ["| rung | verdict | TTFT p50 ms (c=1) | TPOT p50 ms (c=1) | tokens/s (c=%d) | accuracy | reason |" % top,
+            "|---|---|---|---|---|---|---|"]
+    for o in outcomes:
+        s = o.summary(top)
+        fmt = lambda k, f: (f % s[k]) if k in s else "–"  # noqa: E731
+        rows.append(f"| {o.name} | {o.verdict.status} | {fmt('ttft_ms_p50', '%.2f')} | {fmt('tpot_ms_p50', '%.3f')}"
+                    f" | {fmt('tokens_per_s', '%.0f')} | {fmt('accuracy', '%.3f')} | {o.verdict.reason} |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,35 @@
+"""Text every machine has: the Python standard library's own sources, split by file into train and held-out."""
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Corpus:
+    train: list[str]
+    heldout: list[str]
+    fingerprint: str
+
+    @classmethod
+    def from_stdlib(cls, heldout_every: int) -> "Corpus":
+        """Top-level stdlib modules, sorted; a file goes to held-out when crc32(name) % heldout_every == 0."""
+        root = Path(sysconfig.get_paths()["stdlib"])
+        files = sorted(root.glob("*.py"))
+        if not files:
+            raise RuntimeError(f"no Python sources found under {root}: cannot build the built-in model here")
+        train, heldout, digest = [], [], hashlib.sha256()
+        for f in files:
+            text = f.read_text(encoding="utf-8", errors="replace")
+            digest.update(f.name.encode())
+            digest.update(hashlib.sha256(text.encode()).digest())
+            (heldout if zlib.crc32(f.name.encode()) % heldout_every == 0 else train).append(text)
+        return cls(train=train, heldout=heldout, fingerprint=digest.hexdigest()[:16])
+
+
+def code_lines(text: str, min_chars: int = 1) -> list[str]:
+    """Non-blank lines with trailing whitespace removed (indentation kept: it is what a code model learns first)."""
+    return [ln.rstrip() for ln in text.splitlines() if len(ln.strip()) >= min_chars]

@@ -1,0 +1,95 @@
+"""ONNX Runtime through onnxruntime-genai: the builder exports (and quantizes) the model, its C++ loop decodes."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from experiments.models.tiny_llm import manifest_ok, write_manifest
+from experiments.serving.engine import Engine
+from optimizers.base import Candidate
+
+BUILDER_PRECISION = {"none": "fp32", "int8": "int8"}
+
+
+def export(cand: Candidate, artefact_root: Path, timeout_s: float = 900) -> tuple[Path, bool]:
+    """Build (or reuse) the ONNX model for `cand`; returns (folder, reused)."""
+    import onnxruntime_genai
+
+    recipe = cand.recipe
+    if recipe.quantization not in BUILDER_PRECISION:
+        raise ValueError(f"onnxruntime engine has no {recipe.quantization!r} path")
+    source = json.loads((Path(cand.target.model_dir) / "manifest.json").read_text()) \
+        if (Path(cand.target.model_dir) / "manifest.json").exists() else str(cand.target.model_dir)
+    key = hashlib.sha256(json.dumps({"source": source, "precision": BUILDER_PRECISION[recipe.quantization],
+                                     "ep": recipe.execution_provider, "genai": onnxruntime_genai.__version__},
+                                    sort_keys=True).encode()).hexdigest()[:12]
+    out = Path(artefact_root) / f"ort-{BUILDER_PRECISION[recipe.quantization]}-{key}"
+    if out.exists() and manifest_ok(out):
+        return out, True
+    shutil.rmtree(out, ignore_errors=True)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(cand.target.model_dir),
+           "-o", str(tmp), "-p", BUILDER_PRECISION[recipe.quantization], "-e", recipe.execution_provider,
+           "-c", str(tmp) + ".cache"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    shutil.rmtree(str(tmp) + ".cache", ignore_errors=True)
+    if proc.returncode != 0 or not (tmp / "genai_config.json").exists():
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise RuntimeError(f"onnxruntime-genai builder failed (exit {proc.returncode}):\n{tail}")
+    write_manifest(tmp)
+    tmp.rename(out)
+    return out, False
+
+
+class OrtGenaiEngine(Engine):
+    name = "onnxruntime"
+
+    def __init__(self, cand: Candidate, threads: int, artefact_root: Path):
+        import onnxruntime_genai as og
+        from transformers import AutoTokenizer
+
+        started = time.perf_counter()
+        self.folder, self.reused = export(cand, artefact_root)
+        self.build_seconds = time.perf_counter() - started
+        config = og.Config(str(self.folder))
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+            "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
+        self.model = og.Model(config)
+        self.threads = threads
+        # The same tokenizer files as the source model (the builder copies them; we check they agree).
+        self.tokenizer = AutoTokenizer.from_pretrained(cand.target.model_dir)
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Iterator[tuple[int, float]]:
+        import onnxruntime_genai as og
+
+        params = og.GeneratorParams(self.model)
+        total = len(prompt_ids) + max_new_tokens
+        params.set_search_options(max_length=total, min_length=total, do_sample=False)
+        gen = og.Generator(self.model, params)
+        started = time.perf_counter()
+        gen.append_tokens(np.asarray(prompt_ids, dtype=np.int32))   # prefill runs here
+        for _ in range(max_new_tokens):
+            if gen.is_done():
+                break
+            gen.generate_next_token()
+            token = int(gen.get_next_tokens()[0])
+            now = time.perf_counter()
+            yield token, now - started
+            started = time.perf_counter()
+
+    def lm_eval_model(self, batch_size: int):
+        from experiments.accuracy import OnnxSessionLM
+
+        return OnnxSessionLM(self.folder / "model.onnx", self.tokenizer, self.threads)
+
+    def artefact_paths(self) -> list[Path]:
+        return sorted(p for p in self.folder.iterdir() if p.name.startswith("model.onnx"))

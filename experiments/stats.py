@@ -1,0 +1,77 @@
+"""Latency statistics as value objects: percentiles with distribution-free confidence intervals."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+PERCENTILE_METHOD = "numpy 'linear' interpolation (Hyndman-Fan type 7)"
+CI_METHOD = "order-statistic interval from the binomial distribution (distribution-free)"
+MIN_SAMPLES_FOR_P99 = 100
+
+
+@dataclass(frozen=True)
+class Quantile:
+    q: float
+    value: float
+    ci_low: float | None
+    ci_high: float | None
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    n: int
+    mean: float
+    p50: Quantile
+    p95: Quantile
+    p99: Quantile | None      # None below MIN_SAMPLES_FOR_P99: no P99 claim on too few samples
+    confidence: float
+
+    @classmethod
+    def from_samples(cls, values, confidence: float = 0.95) -> "LatencyStats | None":
+        x = np.sort(np.asarray(values, dtype=float))
+        if x.size == 0:
+            return None
+        p99 = quantile(x, 0.99, confidence) if x.size >= MIN_SAMPLES_FOR_P99 else None
+        return cls(n=int(x.size), mean=float(x.mean()), p50=quantile(x, 0.50, confidence),
+                   p95=quantile(x, 0.95, confidence), p99=p99, confidence=confidence)
+
+    def stat(self, name: str) -> float | None:
+        if name == "mean":
+            return self.mean
+        q = getattr(self, name)
+        return None if q is None else q.value
+
+
+def quantile(sorted_values: np.ndarray, q: float, confidence: float) -> Quantile:
+    """Point estimate plus the interval [x_(l), x_(u)] whose ranks come from Binomial(n, q)."""
+    n = sorted_values.size
+    value = float(np.percentile(sorted_values, q * 100, method="linear"))
+    alpha = 1 - confidence
+    lo_rank = int(stats.binom.ppf(alpha / 2, n, q))          # 0-based index of the lower bound
+    hi_rank = int(stats.binom.ppf(1 - alpha / 2, n, q))       # 0-based index of the upper bound
+    if lo_rank < 1 or hi_rank >= n:
+        # Too few samples for a two-sided interval at this quantile.
+        return Quantile(q, value, None, None)
+    return Quantile(q, value, float(sorted_values[lo_rank - 1]), float(sorted_values[hi_rank]))
+
+
+def ratio_ci(challenger, champion, stat: str, confidence: float, resamples: int, seed: int):
+    """Bootstrap (percentile) interval for stat(challenger) / stat(champion), independent samples."""
+    a, b = np.asarray(challenger, float), np.asarray(champion, float)
+
+    def statistic(x, y, axis=-1):
+        return _stat(x, stat, axis) / _stat(y, stat, axis)
+
+    point = float(statistic(a, b))
+    res = stats.bootstrap((a, b), statistic, n_resamples=resamples, confidence_level=confidence,
+                          method="percentile", vectorized=True, paired=False,
+                          random_state=np.random.default_rng(seed))
+    return point, float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def _stat(x, stat: str, axis=-1):
+    if stat == "mean":
+        return np.mean(x, axis=axis)
+    return np.percentile(x, float(stat.lstrip("p")), axis=axis)

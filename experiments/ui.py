@@ -1,0 +1,34 @@
+"""`make ui`: the MLflow UI on loopback, pointed at this project's store."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from mlflow.tracking import MlflowClient
+
+
+def latest_sweep_url(uri: str, experiment: str, base: str) -> str:
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return f"{base}/  (no sweep recorded yet: run `make sweep`)"
+    runs = client.search_runs([exp.experiment_id], "tags.`roi.kind` = 'sweep'", max_results=1,
+                              order_by=["attributes.start_time DESC"])
+    if not runs:
+        return f"{base}/#/experiments/{exp.experiment_id}"
+    return f"{base}/#/experiments/{exp.experiment_id}/runs/{runs[0].info.run_id}"
+
+
+def serve_ui(cfg) -> int:
+    t = cfg.tracking
+    base = f"http://{t.ui_host}:{t.ui_port}"
+    print(f"MLflow UI for {t.uri}\n  latest sweep: {latest_sweep_url(str(t.uri), str(t.experiment), base)}",
+          flush=True)
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", str(t.uri), "--host", str(t.ui_host),
+           "--port", str(t.ui_port), "--workers", "1"]
+    try:
+        return subprocess.call(cmd, env=env)
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,69 @@
+"""The tiny common interface every rung implements, and the recipe it edits.
+
+A Candidate is a recipe (engine, precision, quantization, ...) that an engine builds; an Optimizer edits the
+recipe and says, through `check`, when the current engine or hardware cannot do what it asks.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    kind: str            # causal-lm
+    model_dir: Path      # a Hugging Face folder (config, safetensors, tokenizer)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    engine: str = "torch"            # torch | onnxruntime
+    precision: str = "fp32"
+    quantization: str = "none"       # none | int8
+    execution_provider: str = "cpu"  # for onnxruntime
+
+
+@dataclass(frozen=True)
+class Candidate:
+    target: Target
+    recipe: Recipe = field(default_factory=Recipe)
+    rungs: tuple[str, ...] = ()
+
+    def edited(self, rung: str, **changes) -> "Candidate":
+        return Candidate(self.target, replace(self.recipe, **changes), self.rungs + (rung,))
+
+    def describe(self) -> dict:
+        return {"rungs": list(self.rungs), **asdict(self.recipe)}
+
+
+@dataclass(frozen=True)
+class Env:
+    """What the machine offers; rungs consult it in `check`."""
+    cuda: bool
+    cuda_capability: tuple[int, int] | None
+    cpu_count: int
+
+    @classmethod
+    def detect(cls) -> "Env":
+        import os
+
+        import torch
+
+        cuda = torch.cuda.is_available()
+        return cls(cuda=cuda, cuda_capability=torch.cuda.get_device_capability() if cuda else None,
+                   cpu_count=os.cpu_count() or 1)
+
+
+class Optimizer(ABC):
+    name: str = "optimizer"
+    cost: str = "zero"       # zero | mid | high, as the seed classes them
+
+    def check(self, env: Env, cand: Candidate) -> str | None:
+        """The reason this rung does not apply to `cand` here, or None when it does."""
+        return None
+
+    @abstractmethod
+    def apply(self, cand: Candidate) -> Candidate:
+        """A new candidate with this rung's change to the recipe."""

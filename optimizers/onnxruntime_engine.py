@@ -1,0 +1,24 @@
+"""Engine swap: torch eager -> ONNX Runtime through onnxruntime-genai (exported graph + C++ decode loop)."""
+from optimizers.base import Candidate, Env, Optimizer
+
+
+class OnnxRuntimeSwap(Optimizer):
+    name = "onnxruntime"
+    cost = "zero"
+
+    def __init__(self, execution_provider: str = "cpu"):
+        if execution_provider not in ("cpu", "cuda"):
+            raise ValueError(f"execution_provider must be cpu or cuda, got {execution_provider!r}")
+        self.execution_provider = execution_provider
+
+    def check(self, env: Env, cand: Candidate) -> str | None:
+        if cand.target.kind != "causal-lm":
+            return f"onnxruntime-genai runs causal LMs; target kind is {cand.target.kind}"
+        if self.execution_provider == "cuda" and not env.cuda:
+            return "execution_provider=cuda but no CUDA device is present"
+        if cand.recipe.engine == "onnxruntime":
+            return "the champion already runs in ONNX Runtime"
+        return None
+
+    def apply(self, cand: Candidate) -> Candidate:
+        return cand.edited(self.name, engine="onnxruntime", execution_provider=self.execution_provider)
