@@ -39,6 +39,12 @@ class OnnxSessionLM(TemplateLM):
     def eot_token_id(self) -> int:
         return self.tokenizer.eos_token_id
 
+    @property
+    def prefix_token_id(self) -> int:
+        # As HFLM: an empty context is conditioned on BOS when the tokenizer has one.
+        bos = self.tokenizer.bos_token_id
+        return bos if bos is not None else self.eot_token_id
+
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
         return self.tokenizer.encode(string, add_special_tokens=bool(add_special_tokens))
 

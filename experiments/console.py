@@ -12,7 +12,11 @@ VERDICT_STYLE = {"accepted": "green", "rejected": "red", "skipped": "yellow", "f
 
 class SweepConsole:
     def __init__(self, console: Console | None = None):
-        self.console = console or Console(stderr=False)
+        if console is None:
+            console = Console()
+            if not console.is_terminal:   # logs and CI: wide enough that the table stays readable
+                console = Console(width=160)
+        self.console = console
 
     def note(self, message: str) -> None:
         self.console.print(f"  [dim]{message}[/dim]")

@@ -122,7 +122,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     experiment_id = tracking.connect(cfg.tracking)   # fails fast on a bad tracking URI
     env = Env.detect()
     with ui.stage("target: building or loading the model"):
-        target, texts, shipped_tasks = resolve(cfg.target, data_dir, ui.note)
+        target, texts, shipped_tasks = resolve(cfg.target, Path(cfg.cache_dir), data_dir, ui.note)
     include_path = Path(cfg.accuracy.include_path) if cfg.accuracy.include_path else shipped_tasks
     check_tasks(list(cfg.accuracy.tasks), include_path)
     tokenizer = _tokenizer(target.model_dir)
@@ -194,7 +194,7 @@ def _measure(cand, cfg, workload, include_path, ui, name):
     engine = None
     try:
         with ui.stage(f"{name}: building the {cand.recipe.engine} engine"):
-            artefacts = Path(cfg.data_dir) / "artefacts"
+            artefacts = Path(cfg.cache_dir) / "artefacts"
             engine = build_engine(cand, int(cfg.threads), artefacts)
         mlflow.log_metric("artefact_bytes", engine.artefact_bytes())
         if hasattr(engine, "build_seconds"):

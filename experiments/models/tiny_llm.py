@@ -22,7 +22,7 @@ from experiments.models.corpus import Corpus, code_lines
 log = logging.getLogger(__name__)
 
 TASK_NAME = "tiny_llm_nextline"
-BUILD_FORMAT = 2   # bump when the build or task code changes what a recipe produces
+BUILD_FORMAT = 3   # bump when the build or task code changes what a recipe produces
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>"]
 
 

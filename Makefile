@@ -1,0 +1,36 @@
+# ROI Ladder. `make sweep` and `make test` set up .venv on demand.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+# Hydra overrides: `make sweep profile=quick target=tiny-llm` or `make sweep ARGS="gate.min_gain=0.1"`.
+OVERRIDES := $(foreach v,target profile ladder gate benchmark tracking,$(if $($(v)),$(v)=$($(v)))) $(ARGS)
+
+.PHONY: setup sweep ui test test-fast clean
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing pinned dependencies into $(VENV) (first time: a few minutes)"
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]' > $(VENV)/pip.log 2>&1 \
+		|| { tail -30 $(VENV)/pip.log; echo "pip install failed: see $(VENV)/pip.log"; exit 1; }
+	@$(BIN)/python -c "import experiments, optimizers, torch, onnxruntime_genai, lm_eval, mlflow, hydra"
+	@rm -f $(VENV)/.installed-* && touch $@
+
+sweep: setup
+	$(BIN)/roi-ladder sweep $(OVERRIDES)
+
+ui: setup
+	$(BIN)/roi-ladder ui $(OVERRIDES)
+
+test: setup
+	$(BIN)/python -m pytest -v --durations=15 $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -v -m "not slow" $(PYTEST_ARGS)
+
+clean:
+	rm -rf .roi outputs multirun

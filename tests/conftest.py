@@ -1,0 +1,34 @@
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parent.parent
+CONF_DIR = str(REPO / "conf")
+# Tests share the built model and engine artefacts with `make sweep` (content-hashed, so sharing is safe).
+SHARED_CACHE = Path(os.environ.get("ROI_LADDER_TEST_CACHE", REPO / ".roi" / "cache"))
+
+
+def compose(overrides=()):
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+
+
+@pytest.fixture(scope="session")
+def model_dir():
+    from experiments.models.tiny_llm import TinyLlmRecipe, ensure_built
+
+    cfg = compose(["data_dir=/tmp/unused"])
+    return ensure_built(TinyLlmRecipe(**cfg.target.build), SHARED_CACHE, print)
+
+
+@pytest.fixture(scope="session")
+def tiny_target(model_dir):
+    from optimizers.base import Target
+
+    return Target("tiny-llm", "causal-lm", model_dir)

@@ -1,0 +1,103 @@
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from conftest import compose
+from experiments.errors import ConfigError
+from experiments.ladder import load_rungs, validate
+from optimizers.base import Candidate, Env, Optimizer, Recipe, Target
+from optimizers.baseline import EagerBaseline
+from optimizers.int8_weights import Int8Weights
+from optimizers.onnxruntime_engine import OnnxRuntimeSwap
+
+CPU = Env(cuda=False, cuda_capability=None, cpu_count=2)
+GPU = Env(cuda=True, cuda_capability=(9, 0), cpu_count=16)
+TARGET = Target("t", "causal-lm", Path("/nonexistent"))
+
+
+@pytest.mark.parametrize("profile", ["quick", "demo", "production"])
+def test_every_profile_composes(profile, tmp_path):
+    cfg = compose([f"profile={profile}", f"data_dir={tmp_path}"])
+    assert cfg.profile_name == profile
+    assert list(cfg.ladder.rungs) == ["baseline", "onnxruntime", "int8"]
+    assert cfg.tracking.uri == f"sqlite:///{tmp_path}/mlflow.db"
+
+
+def test_production_profile_has_the_seeds_numbers(tmp_path):
+    cfg = compose(["profile=production", f"data_dir={tmp_path}"])
+    assert list(cfg.benchmark.concurrency) == [1, 2, 4, 8, 16, 32, 64]
+    assert 180 <= cfg.benchmark.warmup_s <= 300
+    assert cfg.benchmark.min_requests >= 459
+
+
+def test_composition_error_names_the_bad_key():
+    with pytest.raises(ConfigCompositionException, match="benchmark.no_such_key"):
+        compose(["benchmark.no_such_key=1"])
+
+
+def test_rungs_are_instantiated_from_yaml_in_roi_order(tmp_path):
+    rungs = load_rungs(compose([f"data_dir={tmp_path}"]))
+    assert [type(o) for _, o in rungs] == [EagerBaseline, OnnxRuntimeSwap, Int8Weights]
+    assert all(isinstance(o, Optimizer) for _, o in rungs)
+
+
+def test_rung_config_with_unknown_key_is_one_clear_error(tmp_path):
+    cfg = compose([f"data_dir={tmp_path}", "+ladder.rungs.onnxruntime.bogus=1"])
+    with pytest.raises(ConfigError, match="rung 'onnxruntime' could not be built.*bogus"):
+        load_rungs(cfg)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("benchmark.concurrency=[0,2]", "benchmark.concurrency must list integers >= 1"),
+    ("benchmark.concurrency=[-1]", "benchmark.concurrency must list integers >= 1"),
+    ("gate.objective.metric=speed", "gate.objective.metric 'speed' is unknown"),
+    ("gate.objective.concurrency=3", "is not a measured level"),
+    ("target.source=/no/such/model", "does not exist"),
+    ("target.source=builtin:nope", "unknown built-in target"),
+    ("target.source=meta-llama/Llama-3-8B", "looks like a hub id"),
+])
+def test_bad_input_is_refused_before_work_starts(override, message, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match=message):
+        validate(compose([f"data_dir={tmp_path}", override]))
+
+
+def test_model_folder_without_weights_is_refused(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="lacks .*safetensors.*tokenizer"):
+        validate(compose([f"data_dir={tmp_path}", f"target.source={tmp_path / 'model'}"]))
+
+
+def test_unwritable_data_dir_is_refused(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError, match="not writable"):
+        validate(compose([f"data_dir={blocker}/sub"]))
+
+
+def test_apply_returns_a_new_candidate_and_leaves_the_champion_alone():
+    champion = EagerBaseline().apply(Candidate(TARGET))
+    challenger = OnnxRuntimeSwap().apply(champion)
+    assert champion.recipe == Recipe()                       # unchanged: a rejected rung reverts for free
+    assert challenger.recipe.engine == "onnxruntime" and challenger.rungs == ("baseline", "onnxruntime")
+    assert Int8Weights().apply(challenger).recipe.quantization == "int8"
+
+
+def test_check_says_why_a_rung_does_not_apply():
+    ort = OnnxRuntimeSwap().apply(Candidate(TARGET))
+    assert "already runs in ONNX Runtime" in OnnxRuntimeSwap().check(CPU, ort)
+    assert "already quantized" in Int8Weights().check(CPU, Int8Weights().apply(ort))
+    assert Int8Weights().check(CPU, ort) is None
+    embedding = Candidate(Target("m", "embedding", Path("/x")))
+    assert "causal LMs" in OnnxRuntimeSwap().check(CPU, embedding)
+
+
+def test_cuda_provider_is_selected_only_with_a_cuda_device():
+    cuda_swap = OnnxRuntimeSwap(execution_provider="cuda")
+    assert "no CUDA device" in cuda_swap.check(CPU, Candidate(TARGET))
+    assert cuda_swap.check(GPU, Candidate(TARGET)) is None
+    with pytest.raises(ValueError, match="execution_provider"):
+        OnnxRuntimeSwap(execution_provider="tpu")

@@ -1,0 +1,54 @@
+import numpy as np
+from omegaconf import OmegaConf
+
+from experiments.accuracy import AccuracyReport
+from experiments.benchmark import BenchmarkReport, LevelReport, Prompt, RequestRecord
+from experiments.gate import Gate, Verdict
+
+GATE = OmegaConf.create({"objective": {"metric": "e2e_ms", "stat": "p50", "concurrency": 1}, "min_gain": 0.05,
+                         "confidence": 0.95, "bootstrap_resamples": 1000,
+                         "accuracy": {"metric": "acc", "max_drop_abs": 0.02}})
+
+
+def bench_with_e2e(latencies_ms) -> BenchmarkReport:
+    """Requests whose token timestamps give the wanted end-to-end latencies (2 tokens each)."""
+    recs = []
+    for i, ms in enumerate(latencies_ms):
+        r = RequestRecord(Prompt(i, (1, 2, 3), 2), arrival=0.0, engine_start=0.0)
+        r.token_times = [ms / 2e3, ms / 1e3]
+        recs.append(r)
+    return BenchmarkReport((LevelReport(1, 1.0, tuple(recs), {}, 0.0, 0.0, True),))
+
+
+def acc(per_doc):
+    per_doc = np.asarray(per_doc, float)
+    return AccuracyReport("t", "acc", float(per_doc.mean()), 0.0, tuple(per_doc))
+
+
+def test_clear_speedup_passes_and_noise_does_not():
+    rng = np.random.default_rng(0)
+    champion = bench_with_e2e(rng.normal(100, 10, 60))
+    faster = bench_with_e2e(rng.normal(60, 6, 60))
+    same = bench_with_e2e(rng.normal(100, 10, 60))
+    gate = Gate(GATE)
+    assert gate.performance(champion, faster).passed
+    crit = gate.performance(champion, same)
+    assert not crit.passed and crit.numbers["ratio_ci_high"] > 0.95
+
+
+def test_accuracy_is_judged_paired_against_tolerance():
+    base = acc([1, 0, 1, 1, 0, 1, 0, 1] * 50)
+    gate = Gate(GATE)
+    assert gate.accuracy(base, acc(base.per_doc)).passed              # identical answers: no drop at all
+    broken = acc([0] * 400)                                           # lost everything it knew
+    crit = gate.accuracy(base, broken)
+    assert not crit.passed and crit.numbers["drop"] > 0.5
+
+
+def test_verdict_lists_every_failing_criterion():
+    gate = Gate(GATE)
+    champion, same = bench_with_e2e([100.0] * 30), bench_with_e2e([100.0] * 30)
+    v = Verdict.from_criteria([gate.performance(champion, same),
+                               gate.accuracy(acc([1] * 40), acc([0] * 40))])
+    assert v.status == "rejected" and "ratio" in v.reason and "drop" in v.reason
+    assert len(v.criteria) == 2

@@ -1,0 +1,76 @@
+"""The test that matters most: a real sweep on the quick profile, checked in the MLflow store it wrote."""
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import REPO, SHARED_CACHE
+
+pytestmark = pytest.mark.slow
+VERDICTS = {"accepted", "rejected", "skipped", "failed"}
+
+
+@pytest.fixture(scope="module")
+def sweep(model_dir, tmp_path_factory):
+    data = tmp_path_factory.mktemp("sweep")
+    cmd = [sys.executable, "-m", "experiments.cli", "sweep", "profile=quick", f"data_dir={data}",
+           f"cache_dir={SHARED_CACHE}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{data}/mlflow.db")
+    exp = client.get_experiment_by_name("roi-ladder/tiny-llm")
+    runs = client.search_runs([exp.experiment_id])
+    return proc.stdout, client, runs, data
+
+
+def test_one_parent_and_one_child_per_rung(sweep):
+    _, _, runs, _ = sweep
+    parents = [r for r in runs if r.data.tags.get("roi.kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("roi.kind") == "rung"]
+    assert len(parents) == 1
+    assert sorted(r.data.tags["roi.rung"] for r in children) == ["baseline", "int8", "onnxruntime"]
+    assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in children)
+    assert all(r.data.tags["roi.verdict"] in VERDICTS and r.data.tags["roi.reason"] for r in children)
+    assert not [r for r in children if r.data.tags["roi.verdict"] == "failed"]
+
+
+def test_metrics_are_positive_and_plausible(sweep):
+    _, client, runs, _ = sweep
+    base = next(r for r in runs if r.data.tags.get("roi.rung") == "baseline")
+    m = base.data.metrics
+    assert 0 < m["ttft_ms_p50"] < 5_000
+    assert 0.05 < m["tpot_ms_p50"] < 1_000
+    assert m["output_tokens_per_s"] > 0 and m["qps"] > 0
+    assert 0 < m["accuracy/tiny_llm_nextline/acc_mutual_info"] <= 1
+    steps = [p.step for p in client.get_metric_history(base.info.run_id, "output_tokens_per_s")]
+    assert steps == [1, 2]                           # one point per concurrency level of the quick profile
+
+
+def test_onnxruntime_is_faster_or_rejected_with_its_numbers(sweep):
+    _, _, runs, _ = sweep
+    base = next(r for r in runs if r.data.tags.get("roi.rung") == "baseline")
+    ort = next(r for r in runs if r.data.tags.get("roi.rung") == "onnxruntime")
+    if ort.data.tags["roi.verdict"] == "accepted":
+        assert ort.data.metrics["e2e_ms_p50"] < base.data.metrics["e2e_ms_p50"]
+        assert ort.data.metrics["gate/performance/ratio_ci_high"] < 0.95
+    else:
+        assert "ratio" in ort.data.tags["roi.reason"] or "drop" in ort.data.tags["roi.reason"]
+    assert ort.data.tags["roi.champion_before"] == base.info.run_id
+
+
+def test_artefacts_and_params_are_recorded(sweep):
+    _, client, runs, _ = sweep
+    parent = next(r for r in runs if r.data.tags.get("roi.kind") == "sweep")
+    top = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"config", "env.json", "summary.md"} <= top
+    base = next(r for r in runs if r.data.tags.get("roi.rung") == "baseline")
+    assert {a.path for a in client.list_artifacts(base.info.run_id, "benchmark")} == {"benchmark/samples.csv"}
+    assert client.list_artifacts(base.info.run_id, "accuracy/tiny_llm_nextline")
+    assert parent.data.params["benchmark.concurrency.0"] == "1"
+    assert base.data.params["recipe.engine"] == "torch"
+
+
+def test_the_sweep_reused_the_built_model(sweep):
+    stdout, *_ = sweep
+    assert "tokenizer trained" not in stdout and "ROI ladder" in stdout
