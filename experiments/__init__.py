@@ -1,0 +1,9 @@
+"""ROI Ladder orchestration: ladder, benchmark, accuracy, gate, tracking."""
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+# `${roi.abspath:...}`: config paths resolved against the CWD, without needing Hydra's runtime config
+# (so `roi-ladder ui` and tests can compose the same tree).
+if not OmegaConf.has_resolver("roi.abspath"):
+    OmegaConf.register_new_resolver("roi.abspath", lambda p: str(Path(p).expanduser().resolve()))

@@ -1,6 +1,7 @@
 """Accuracy with lm-eval, run against the candidate in its own engine."""
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -108,8 +109,13 @@ class AccuracyReport:
     results: dict = field(repr=False, default_factory=dict)
 
     def to_metrics(self) -> dict[str, float]:
-        return {mlflow_name(f"accuracy/{self.task}/{self.metric}"): self.value,
-                mlflow_name(f"accuracy/{self.task}/{self.metric}_stderr"): self.stderr}
+        """Every numeric figure lm-eval reported for the task (`acc,none` -> `acc`), plus the gated one."""
+        row = self.results.get("results", {}).get(self.task, {})
+        out = {mlflow_name(f"accuracy/{self.task}/{k.removesuffix(',none')}"): float(v)
+               for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        out[mlflow_name(f"accuracy/{self.task}/{self.metric}")] = self.value
+        out[mlflow_name(f"accuracy/{self.task}/{self.metric}_stderr")] = self.stderr
+        return out
 
 
 def mlflow_name(name: str) -> str:
@@ -122,10 +128,13 @@ def evaluate(lm, tasks: list[str], metric: str, include_path: Path | None, limit
     import lm_eval
     from lm_eval.tasks import TaskManager
 
+    for request_type in ("loglikelihood", "loglikelihood_rolling", "generate_until"):
+        # lm-eval calls these without disable_tqdm; a bar per request type would bury the console.
+        setattr(lm, request_type, functools.partial(getattr(lm, request_type), disable_tqdm=True))
     manager = TaskManager(include_path=str(include_path) if include_path else None)
     res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
                                   log_samples=True, random_seed=seed, numpy_random_seed=seed,
-                                  torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=0)  # stderr from per-doc values below
+                                  torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=0)  # stderr from per-doc values below (paired later)
     reports = []
     for task in tasks:
         row = res["results"][task]

@@ -16,6 +16,7 @@ USAGE = """usage: roi-ladder COMMAND [hydra overrides]
 def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TQDM_DISABLE", "1")        # lm-eval's per-request bars would bury the ladder
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(USAGE)
         sys.exit(0 if len(sys.argv) >= 2 else 2)
@@ -47,7 +48,7 @@ def _sweep_app() -> None:
         from experiments.errors import ConfigError
         from experiments.ladder import run_sweep
 
-        logging.getLogger("lm_eval").setLevel(logging.WARNING)
+        _quiet_libraries()
         ui = SweepConsole()
         try:
             result = run_sweep(cfg, ui)
@@ -57,6 +58,15 @@ def _sweep_app() -> None:
         ui.summary(result, int(max(cfg.benchmark.concurrency)), str(cfg.tracking.uri))
 
     sweep()
+
+
+def _quiet_libraries() -> None:
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    for name in ("lm_eval", "mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ from pathlib import Path
 
 import pytest
 
+import experiments  # noqa: F401  (registers the config resolvers)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -74,3 +74,21 @@ def test_artefacts_and_params_are_recorded(sweep):
 def test_the_sweep_reused_the_built_model(sweep):
     stdout, *_ = sweep
     assert "tokenizer trained" not in stdout and "ROI ladder" in stdout
+
+
+def test_multirun_sweeps_each_job_into_the_same_store(model_dir, tmp_path):
+    cmd = [sys.executable, "-m", "experiments.cli", "sweep", "--multirun", "profile=quick", "ladder=engine-swap",
+           "gate.min_gain=0.05,0.99", f"data_dir={tmp_path}", f"cache_dir={SHARED_CACHE}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("roi-ladder/tiny-llm").experiment_id])
+    parents = [r for r in runs if r.data.tags.get("roi.kind") == "sweep"]
+    assert len(parents) == 2 and len(runs) == 6
+    gains = sorted(p.data.params["gate.min_gain"] for p in parents)
+    assert gains == ["0.05", "0.99"]
+    # a 99 % gain is impossible: the same engine swap is rejected under that gate, with its numbers
+    strict = next(p for p in parents if p.data.params["gate.min_gain"] == "0.99")
+    ort = next(r for r in runs if r.data.tags.get("mlflow.parentRunId") == strict.info.run_id
+               and r.data.tags["roi.rung"] == "onnxruntime")
+    assert ort.data.tags["roi.verdict"] == "rejected" and "0.01 needed" in ort.data.tags["roi.reason"]
