@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 # Hydra overrides: `make sweep profile=quick target=tiny-llm` or `make sweep ARGS="gate.min_gain=0.1"`.
 OVERRIDES := $(foreach v,target profile ladder gate benchmark tracking,$(if $($(v)),$(v)=$($(v)))) $(ARGS)
 
-.PHONY: setup sweep ui test test-fast clean
+.PHONY: setup sweep ui test test-fast bench clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -31,6 +31,11 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -v -m "not slow" $(PYTEST_ARGS)
+
+# Benchmarks, not tests: ratios measured side by side in one run (numbers vary with the machine's load).
+bench: setup
+	$(BIN)/python -m experiments.benchmarks.harness
+	$(BIN)/python -m experiments.benchmarks.rungs
 
 clean:
 	rm -rf .roi outputs multirun

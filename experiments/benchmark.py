@@ -58,7 +58,8 @@ class Workload:
 @dataclass
 class RequestRecord:
     prompt: Prompt
-    arrival: float = 0.0
+    arrival: float = 0.0               # intended send time: latencies count from here (no coordinated omission)
+    sent: float = 0.0                  # when the load generator actually handed it over
     engine_start: float | None = None
     token_times: list[float] = field(default_factory=list)
     model_s: float = 0.0
@@ -75,7 +76,8 @@ class RequestRecord:
         t = self.token_times
         m = {"e2e_ms": (t[-1] - self.arrival) * 1e3, "ttft_ms": (t[0] - self.arrival) * 1e3,
              "queue_ms": (self.engine_start - self.arrival) * 1e3, "model_ms": self.model_s * 1e3,
-             "output_tokens": len(t), "input_tokens": len(self.prompt.token_ids)}
+             "output_tokens": len(t), "input_tokens": len(self.prompt.token_ids),
+             "send_lag_ms": (self.sent - self.arrival) * 1e3}
         if len(t) > 1:
             m["tpot_ms"] = (t[-1] - t[0]) * 1e3 / (len(t) - 1)
         return m
@@ -90,8 +92,9 @@ class SequentialServer:
         self._worker = threading.Thread(target=self._serve, name="roi-server", daemon=True)
         self._worker.start()
 
-    def submit(self, prompt: Prompt) -> RequestRecord:
-        rec = RequestRecord(prompt, arrival=time.perf_counter())
+    def submit(self, prompt: Prompt, intended: float | None = None) -> RequestRecord:
+        now = time.perf_counter()
+        rec = RequestRecord(prompt, arrival=now if intended is None else intended, sent=now)
         self._queue.put(rec)
         return rec
 
@@ -146,13 +149,46 @@ class ResourceSampler:
 # --- one concurrency level --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LevelReport:
-    concurrency: int
+    concurrency: int                   # closed loop: clients; open loop: the rate in requests/s, rounded
     duration_s: float
     records: tuple[RequestRecord, ...] = field(repr=False)
     stats: dict[str, LatencyStats | None] = field(repr=False)
     cpu_percent_mean: float
     rss_mb_max: float
     min_requests_met: bool
+    offered_qps: float | None = None   # open loop only: the arrival rate asked for
+    started: float = 0.0
+
+    def validity(self, windows: int = 5, tolerance: float = 0.10) -> dict[str, bool]:
+        """ARCHITECTURE.md's rules: stable = last 3 windows within +-10 % (throughput and P50 E2E);
+        saturated = achieved/offered < 0.98; no P99 claim under 100 samples; invalid above 1 % errors."""
+        flags = {"stable": self._stable(windows, tolerance), "p99_claimable": self.n_ok >= MIN_SAMPLES_FOR_P99,
+                 "error_rate_ok": self.error_rate <= 0.01, "min_requests_met": self.min_requests_met}
+        if self.offered_qps:
+            flags["saturated"] = self.qps / self.offered_qps < 0.98
+        return flags
+
+    def _stable(self, windows: int, tolerance: float) -> bool:
+        ok = [r for r in self.records if r.ok]
+        if len(ok) < 3 * windows:
+            return False
+        edges = np.linspace(self.started, self.started + self.duration_s, windows + 1)
+        done = np.array([r.token_times[-1] for r in ok])
+        e2e = np.array([r.metrics()["e2e_ms"] for r in ok])
+        per_window = [(int(((done >= a) & (done < b)).sum()), e2e[(done >= a) & (done < b)])
+                      for a, b in zip(edges[:-1], edges[1:])][-3:]
+        counts = np.array([c for c, _ in per_window], float)
+        if (counts == 0).any():
+            return False
+        p50s = np.array([np.median(v) for _, v in per_window])
+        return all(np.abs(x / x.mean() - 1).max() <= tolerance for x in (counts, p50s))
+
+    def goodput(self, slos) -> tuple[float, float]:
+        """(requests/s meeting every SLO, share of all requests that did); errors and timeouts are misses."""
+        from experiments.slo import request_meets
+
+        good = sum(request_meets(r, slos) for r in self.records)
+        return good / self.duration_s, good / max(1, len(self.records))
 
     @property
     def n_ok(self) -> int:
@@ -181,23 +217,52 @@ class LevelReport:
         return np.array([m[metric] for m in (r.metrics() for r in ok) if metric in m])
 
 
-def run_level(server: SequentialServer, workload: Workload, concurrency: int, cfg, confidence: float) -> LevelReport:
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    _closed_loop(server, workload.warmup, concurrency, min_requests=cfg.warmup_requests,
-                 min_s=cfg.get("warmup_s", 0.0), max_s=cfg.max_duration_s, timeout_s=cfg.request_timeout_s)
+def run_level(server: SequentialServer, workload: Workload, load: float, cfg, confidence: float) -> LevelReport:
+    """One level: warm-up (discarded), then the measured window. `load` is clients (closed) or requests/s (open)."""
+    open_loop = cfg.get("mode", "closed") == "open"
+    if load <= 0 or (not open_loop and int(load) != load):
+        raise ValueError(f"{'rate' if open_loop else 'concurrency'} must be {'> 0' if open_loop else 'an integer >= 1'}"
+                         f", got {load}")
+
+    def drive(prompts, min_requests, min_s):
+        if open_loop:
+            return _open_loop(server, prompts, float(load), cfg.get("arrival", "poisson"), cfg.get("gamma_shape", 1.0),
+                              int(cfg.get("seed", 0)), min_requests, min_s, cfg.max_duration_s, cfg.request_timeout_s)
+        return _closed_loop(server, prompts, int(load), min_requests, min_s, cfg.max_duration_s,
+                            cfg.request_timeout_s)
+
+    drive(workload.warmup, cfg.warmup_requests, cfg.get("warmup_s", 0.0))
     with ResourceSampler() as sampler:
         started = time.perf_counter()
-        records = _closed_loop(server, workload.prompts, concurrency, min_requests=cfg.min_requests,
-                               min_s=cfg.min_duration_s, max_s=cfg.max_duration_s,
-                               timeout_s=cfg.request_timeout_s)
+        records = drive(workload.prompts, cfg.min_requests, cfg.min_duration_s)
         duration = time.perf_counter() - started
-    level = LevelReport(concurrency=concurrency, duration_s=duration, records=tuple(records), stats={},
+    level = LevelReport(concurrency=int(round(load)), duration_s=duration, records=tuple(records), stats={},
                         cpu_percent_mean=float(np.mean(sampler.cpu)) if sampler.cpu else 0.0,
                         rss_mb_max=float(max(sampler.rss_mb, default=psutil.Process().memory_info().rss / 2**20)),
-                        min_requests_met=len(records) >= cfg.min_requests)
+                        min_requests_met=len(records) >= cfg.min_requests,
+                        offered_qps=float(load) if open_loop else None, started=started)
     level.stats.update({m: LatencyStats.from_samples(level.values(m), confidence) for m in LATENCY_METRICS})
     return level
+
+
+def _open_loop(server, prompts, rate, process, gamma_shape, seed, min_requests, min_s, max_s, timeout_s):
+    """Arrivals on a seeded Poisson (or gamma) schedule, whatever the server does; latency counts from the
+    intended send time, and the lag of the actual send is recorded, so coordinated omission shows."""
+    rng = np.random.default_rng(seed)
+    records: list[RequestRecord] = []
+    started = intended = time.perf_counter()
+    while True:
+        elapsed = intended - started
+        if elapsed >= max_s or (elapsed >= min_s and len(records) >= min_requests):
+            break
+        intended += rng.exponential(1 / rate) if process == "poisson" else rng.gamma(gamma_shape, 1 / (rate * gamma_shape))
+        time.sleep(max(0.0, intended - time.perf_counter()))
+        records.append(server.submit(prompts[len(records) % len(prompts)], intended=intended))
+    for rec in records:
+        left = rec.arrival + timeout_s - time.perf_counter()
+        if not rec.done.wait(max(0.0, left)) or (rec.token_times and rec.token_times[-1] - rec.arrival > timeout_s):
+            rec.timed_out = rec.cancelled = True
+    return records
 
 
 def _closed_loop(server, prompts, concurrency, min_requests, min_s, max_s, timeout_s) -> list[RequestRecord]:
@@ -235,6 +300,8 @@ def _closed_loop(server, prompts, concurrency, min_requests, min_s, max_s, timeo
 @dataclass(frozen=True)
 class BenchmarkReport:
     levels: tuple[LevelReport, ...]
+    slos: tuple = ()
+    capacity: object | None = None     # slo.CapacityResult when the SLA-capacity search ran
 
     def level(self, concurrency: int) -> LevelReport:
         for lv in self.levels:
@@ -263,13 +330,20 @@ class BenchmarkReport:
             put("timeout_rate", c, lv.timeout_rate)
             put("requests", c, len(lv.records))
             put("cpu_percent", c, lv.cpu_percent_mean)
+            put("offered_qps", c, lv.offered_qps)
+            if self.slos:
+                goodput, attainment = lv.goodput(self.slos)
+                put("goodput_rps", c, goodput)
+                put("slo_attainment", c, attainment)
             put("rss_mb_max", c, lv.rss_mb_max)
+        if self.capacity is not None and self.capacity.concurrency is not None:
+            put("sla_capacity_concurrency", 0, self.capacity.concurrency)
         return out
 
     def samples_csv(self) -> str:
         buf = io.StringIO()
         cols = ["concurrency", "prompt_id", "input_tokens", "output_tokens", "e2e_ms", "ttft_ms", "tpot_ms",
-                "queue_ms", "model_ms", "error", "timed_out"]
+                "queue_ms", "model_ms", "send_lag_ms", "error", "timed_out"]
         w = csv.DictWriter(buf, fieldnames=cols)
         w.writeheader()
         for lv in self.levels:
@@ -283,18 +357,31 @@ class BenchmarkReport:
         return buf.getvalue()
 
     def validity(self) -> dict[str, bool]:
-        return {f"c{lv.concurrency}_p99_claimable": lv.n_ok >= MIN_SAMPLES_FOR_P99 for lv in self.levels} | {
-            f"c{lv.concurrency}_min_requests_met": lv.min_requests_met for lv in self.levels}
+        return {f"c{lv.concurrency}_{flag}": value for lv in self.levels for flag, value in lv.validity().items()}
 
 
 def run_benchmark(engine: Engine, workload: Workload, cfg, confidence: float = 0.95,
                   on_level=lambda c: None) -> BenchmarkReport:
+    """The load ladder (concurrency, or rates in open-loop mode), then the SLA-capacity search if asked."""
+    from experiments.slo import parse_all, sla_capacity
+
+    slos = parse_all(cfg.get("slos"))
+    open_loop = cfg.get("mode", "closed") == "open"
     server = SequentialServer(engine)
+    measured: dict[int, LevelReport] = {}
+
+    def measure(load):
+        on_level(load)
+        level = run_level(server, workload, load, cfg, confidence)
+        measured[level.concurrency] = level
+        return level
+
     try:
-        levels = []
-        for c in cfg.concurrency:
-            on_level(c)
-            levels.append(run_level(server, workload, int(c), cfg, confidence))
-        return BenchmarkReport(tuple(levels))
+        for load in (cfg.rates if open_loop else cfg.concurrency):
+            measure(float(load) if open_loop else int(load))
+        capacity = None
+        if cfg.get("sla_search") and not open_loop:
+            capacity = sla_capacity(lambda c: measured.get(c) or measure(c), list(cfg.concurrency), slos)
+        return BenchmarkReport(tuple(measured[k] for k in sorted(measured)), tuple(slos), capacity)
     finally:
         server.close()

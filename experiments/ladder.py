@@ -19,6 +19,7 @@ from experiments.benchmark import LATENCY_METRICS, BenchmarkReport, Workload, ru
 from experiments.errors import ConfigError
 from experiments.gate import Criterion, Gate, Verdict
 from experiments.serving import build_engine
+from experiments.slo import parse_all
 from experiments.targets import check_source, resolve
 from optimizers.base import Candidate, Env, Optimizer
 from optimizers.baseline import EagerBaseline
@@ -80,10 +81,21 @@ def load_rungs(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
 
 def validate(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
     check_source(cfg.target)
-    levels = list(cfg.benchmark.concurrency)
-    if not levels or any(int(c) < 1 for c in levels):
+    bench = cfg.benchmark
+    if bench.mode not in ("closed", "open"):
+        raise ConfigError(f"benchmark.mode {bench.mode!r} is unknown", "use closed or open")
+    levels = list(bench.concurrency)
+    if not levels or any(int(c) != c or int(c) < 1 for c in levels):
         raise ConfigError(f"benchmark.concurrency must list integers >= 1, got {levels}",
                           "e.g. benchmark.concurrency=[1,2,4]")
+    if bench.mode == "open":
+        if not list(bench.rates) or any(float(r) <= 0 for r in bench.rates):
+            raise ConfigError(f"benchmark.rates must list rates > 0 requests/s, got {list(bench.rates)}",
+                              "e.g. benchmark.rates=[2,4,8]")
+        levels = [int(round(float(r))) for r in bench.rates]
+    slos = parse_all(bench.slos)
+    if bench.sla_search and not slos:
+        raise ConfigError("benchmark.sla_search=true needs SLOs", "set benchmark.slos=[p99_e2e_ms<=500]")
     obj = cfg.gate.objective
     if obj.metric not in LATENCY_METRICS:
         raise ConfigError(f"gate.objective.metric {obj.metric!r} is unknown", f"use one of {LATENCY_METRICS}")

@@ -75,5 +75,5 @@ def test_metric_series_are_stepped_by_concurrency():
 
 
 def test_zero_concurrency_is_refused():
-    with pytest.raises(ValueError, match="concurrency must be >= 1"):
+    with pytest.raises(ValueError, match="concurrency must be an integer >= 1"):
         run_benchmark(ScriptedEngine(), workload(), OmegaConf.merge(CFG, {"concurrency": [0]}))

@@ -1,0 +1,35 @@
+"""The default target, built or loaded from the cache, and the candidates each bench compares."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.benchmark import Workload
+from experiments.targets import resolve
+from optimizers.base import Candidate
+from optimizers.baseline import EagerBaseline
+from optimizers.int8_weights import Int8Weights
+from optimizers.onnxruntime_engine import OnnxRuntimeSwap
+
+
+def compose_default(overrides=()):
+    import experiments  # noqa: F401  (config resolvers)
+    from hydra import compose, initialize_config_dir
+
+    conf = str(Path(__file__).resolve().parents[2] / "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def default_setup(console, overrides=()):
+    cfg = compose_default(overrides)
+    target, texts, _ = resolve(cfg.target, Path(cfg.cache_dir), Path(cfg.data_dir), console.print)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target.model_dir)
+    wl = cfg.target.workload
+    workload = Workload.from_texts(texts, tok, wl.input_tokens, wl.output_tokens, wl.prompts, 16, cfg.seed)
+    base = EagerBaseline().apply(Candidate(target))
+    ort = OnnxRuntimeSwap().apply(base)
+    cands = {"baseline": base, "int8 (torch)": Int8Weights().apply(base), "onnxruntime": ort,
+             "int8 (onnxruntime)": Int8Weights().apply(ort)}
+    return cands, workload, int(cfg.threads), Path(cfg.cache_dir) / "artefacts"

@@ -1,0 +1,83 @@
+"""`make bench` (harness part): is the load generator fast and cheap enough to trust? Ratios in one run.
+
+1. Load-generator ceiling: closed loop against an engine that returns one token at once (goal >= 5,000 req/s).
+2. Instrumentation overhead per request on the default model's fastest engine: the same prompts decoded by
+   calling the engine directly vs through server + load generator + timestamps (goal < 2 %).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.table import Table
+
+from experiments.benchmark import Prompt, Workload, run_benchmark
+from experiments.serving.engine import Engine
+
+
+class NoOpEngine(Engine):
+    name = "no-op"
+
+    def generate(self, prompt_ids, max_new_tokens):
+        for _ in range(max_new_tokens):
+            yield 0, 0.0
+
+    def lm_eval_model(self, batch_size):
+        raise NotImplementedError("a no-op engine has no accuracy")
+
+    def artefact_paths(self):
+        return []
+
+
+def load_generator_ceiling(concurrency: int = 16, seconds: float = 3.0) -> float:
+    prompts = tuple(Prompt(i, (1, 2, 3), 1) for i in range(1000))
+    cfg = OmegaConf.create({"concurrency": [concurrency], "warmup_requests": 200, "warmup_s": 0.0,
+                            "min_requests": 1, "min_duration_s": seconds, "max_duration_s": seconds,
+                            "request_timeout_s": 10.0})
+    level = run_benchmark(NoOpEngine(), Workload(prompts, prompts[:200]), cfg).levels[0]
+    return len(level.records) / level.duration_s
+
+
+def instrumentation_overhead(engine: Engine, workload: Workload, rounds: int = 5) -> tuple[float, float, float]:
+    """(direct mean ms, harnessed mean ms, overhead fraction), interleaved rounds so drift hits both."""
+    prompts = workload.prompts[:40]
+    cfg = OmegaConf.create({"concurrency": [1], "warmup_requests": 0, "warmup_s": 0.0, "min_requests": len(prompts),
+                            "min_duration_s": 0.0, "max_duration_s": 600.0, "request_timeout_s": 60.0})
+    direct, harnessed = [], []
+    for _ in range(rounds):
+        for p in prompts:
+            t = time.perf_counter()
+            for _tok in engine.generate(list(p.token_ids), p.max_new_tokens):
+                pass
+            direct.append((time.perf_counter() - t) * 1e3)
+        level = run_benchmark(engine, Workload(prompts, ()), cfg).levels[0]
+        harnessed.extend(level.values("e2e_ms")[: len(prompts)])
+    d, h = statistics.fmean(direct), statistics.fmean(harnessed)
+    return d, h, h / d - 1
+
+
+def main() -> None:
+    from experiments.benchmarks.common import default_setup
+
+    console = Console(width=120)
+    ceiling = load_generator_ceiling()
+    cands, workload, threads, artefacts = default_setup(console)
+    from experiments.serving import build_engine
+
+    engine = build_engine(cands["onnxruntime"], threads, artefacts)
+    d, h, overhead = instrumentation_overhead(engine, workload)
+    table = Table(title="benchmark harness")
+    for col in ("measure", "value", "goal", "met"):
+        table.add_column(col)
+    table.add_row("load-generator ceiling (no-op engine, 16 clients)", f"{ceiling:,.0f} req/s", ">= 5,000 req/s",
+                  "yes" if ceiling >= 5000 else "NO")
+    table.add_row("instrumentation overhead (onnxruntime engine, c=1)",
+                  f"{overhead * 100:+.2f} % ({d:.2f} -> {h:.2f} ms/request)", "< 2 %",
+                  "yes" if overhead < 0.02 else "NO")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""SLO parsing, goodput, the SLA-capacity search and open-loop load, on known answers."""
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import compose
+from experiments.benchmark import run_benchmark
+from experiments.errors import ConfigError
+from experiments.ladder import validate
+from experiments.slo import SLO, sla_capacity
+from test_benchmark import CFG, ScriptedEngine, workload
+
+
+def test_slo_strings_parse_and_bad_ones_say_how_to_write_them():
+    slo = SLO.parse("p99_e2e_ms<=500")
+    assert (slo.stat, slo.metric, slo.threshold) == ("p99", "e2e_ms", 500.0)
+    assert SLO.parse(" p95_ttft_ms <= 200.5 ").threshold == 200.5
+    for bad in ("p99_e2e<=500", "p99_e2e_ms>=500", "latency<1s", "p99_speed_ms<=3", ""):
+        with pytest.raises(ConfigError, match="does not parse.*e.g. p99_e2e_ms<=500"):
+            SLO.parse(bad)
+
+
+def test_bad_slo_in_config_is_refused_before_work(tmp_path):
+    with pytest.raises(ConfigError, match="does not parse"):
+        validate(compose([f"data_dir={tmp_path}", "benchmark.slos=['p99_latency<=5']"]))
+    with pytest.raises(ConfigError, match="needs SLOs"):
+        validate(compose([f"data_dir={tmp_path}", "benchmark.sla_search=true"]))
+    with pytest.raises(ConfigError, match="rates > 0"):
+        validate(compose([f"data_dir={tmp_path}", "benchmark.mode=open", "benchmark.rates=[0]"]))
+
+
+class FakeLevel:
+    """Latency grows with load: 100 ms per concurrent client."""
+    def __init__(self, c):
+        self.c = c
+
+    def values(self, metric):
+        return np.full(50, 100.0 * self.c)
+
+
+def test_sla_capacity_brackets_then_bisects_to_the_known_answer():
+    probes = []
+    result = sla_capacity(FakeLevel, [1, 2, 4, 8, 16, 32, 64], [SLO.parse("p99_e2e_ms<=1000")],
+                          on_probe=lambda c, ok: probes.append((c, ok)))
+    assert result.concurrency == 10
+    assert [c for c, _ in probes] == [1, 2, 4, 8, 16, 12, 10, 11]     # stops climbing at the first miss
+    assert "c=10 meets" in result.reason and "c=11 misses" in result.reason
+
+
+def test_sla_capacity_reports_when_even_the_lowest_level_misses():
+    result = sla_capacity(FakeLevel, [2, 4], [SLO.parse("mean_e2e_ms<=50")])
+    assert result.concurrency is None and "already misses" in result.reason
+
+
+def test_goodput_counts_errors_as_misses_and_capacity_runs_in_the_benchmark():
+    cfg = OmegaConf.merge(CFG, {"concurrency": [1, 2, 4], "slos": ["p99_e2e_ms<=80"], "sla_search": True})
+    report = run_benchmark(ScriptedEngine(prefill_s=0.01, per_token_s=0.004, fail_every=5), workload(out=5), cfg)
+    lv = report.level(1)
+    goodput, attainment = lv.goodput(report.slos)
+    assert 0 < attainment <= 1 - lv.error_rate + 1e-9
+    assert report.capacity is not None and report.capacity.concurrency in (1, 2, 3)
+    assert "goodput_rps" in report.metric_series() and "sla_capacity_concurrency" in report.metric_series()
+
+
+def test_open_loop_keeps_its_schedule_and_flags_saturation():
+    base = OmegaConf.merge(CFG, {"mode": "open", "min_requests": 30, "min_duration_s": 0.0, "seed": 3})
+    engine = ScriptedEngine(prefill_s=0.01, per_token_s=0.002)          # ~18 ms per request: ~55 req/s max
+    light = run_benchmark(engine, workload(out=5), OmegaConf.merge(base, {"rates": [10]})).levels[0]
+    assert light.offered_qps == 10 and light.validity()["saturated"] is False
+    assert light.stats["queue_ms"].p50.value < 15
+    heavy = run_benchmark(engine, workload(out=5), OmegaConf.merge(base, {"rates": [200]})).levels[0]
+    assert heavy.validity()["saturated"] is True
+    # the generator itself kept up (it is not the bottleneck) while the server queued
+    assert np.percentile(heavy.values("send_lag_ms"), 95) < 5
+    assert heavy.stats["queue_ms"].p50.value > 50
+
+
+def test_a_steady_server_is_judged_stable():
+    cfg = OmegaConf.merge(CFG, {"concurrency": [1], "min_requests": 60})
+    assert run_benchmark(ScriptedEngine(), workload(out=3), cfg).levels[0].validity()["stable"]
