@@ -11,6 +11,7 @@ import getpass
 import hashlib
 import json
 import tempfile
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
@@ -141,7 +142,9 @@ def _log_package(run, sweep) -> str:
         recipe_file, config_file = Path(tmp) / "recipe.json", Path(tmp) / "resolved.yaml"
         recipe_file.write_text(json.dumps(package_recipe(run, config), indent=2))
         config_file.write_text(config_yaml)
-        with mlflow.start_run(run_id=run.info.run_id):
+        with mlflow.start_run(run_id=run.info.run_id), warnings.catch_warnings():
+            # No input example on purpose: MLflow would load the model (build the engine) to check it.
+            warnings.filterwarnings("ignore", message=".*input example was not provided")
             info = mlflow.pyfunc.log_model(
                 name=PACKAGE_NAME, python_model=CandidateModel(), signature=SIGNATURE,
                 artifacts={"recipe": str(recipe_file), "config": str(config_file)},
