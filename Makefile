@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 # Hydra overrides: `make sweep profile=quick target=tiny-llm` or `make sweep ARGS="gate.min_gain=0.1"`.
 OVERRIDES := $(foreach v,target profile ladder gate benchmark tracking,$(if $($(v)),$(v)=$($(v)))) $(ARGS)
 
-.PHONY: setup sweep ui test test-fast bench clean
+.PHONY: setup sweep ui test test-fast bench promote rollback status clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -25,6 +25,19 @@ sweep: setup
 
 ui: setup
 	$(BIN)/roi-ladder ui $(OVERRIDES)
+
+# Registry: `make promote [RUN=<run id>]`, `make rollback [TO=<version>] [REASON="why"]`, `make status`;
+# NAME=<registered model> for another name than roi-ladder-<target>; same target/tracking overrides as the sweep.
+REGISTRY_NAME = $(if $(NAME),--name $(NAME))
+
+promote: setup
+	$(BIN)/roi-ladder promote $(if $(RUN),--run $(RUN)) $(REGISTRY_NAME) $(OVERRIDES)
+
+rollback: setup
+	$(BIN)/roi-ladder rollback $(if $(TO),--to $(TO)) $(if $(REASON),--reason "$(REASON)") $(REGISTRY_NAME) $(OVERRIDES)
+
+status: setup
+	$(BIN)/roi-ladder status $(REGISTRY_NAME) $(OVERRIDES)
 
 test: setup
 	$(BIN)/python -m pytest -v --durations=15 $(PYTEST_ARGS)

@@ -360,6 +360,16 @@ class BenchmarkReport:
         return {f"c{lv.concurrency}_{flag}": value for lv in self.levels for flag, value in lv.validity().items()}
 
 
+def serve(engine: Engine):
+    """The server for the engine's recipe: one request at a time, or a batching scheduler."""
+    recipe = getattr(engine, "recipe", None)
+    if recipe is None or recipe.batching == "none":
+        return SequentialServer(engine)
+    from experiments.serving.batching import BatchingServer
+
+    return BatchingServer(engine, recipe.batching, recipe.max_batch, recipe.max_wait_ms)
+
+
 def run_benchmark(engine: Engine, workload: Workload, cfg, confidence: float = 0.95,
                   on_level=lambda c: None) -> BenchmarkReport:
     """The load ladder (concurrency, or rates in open-loop mode), then the SLA-capacity search if asked."""
@@ -367,7 +377,7 @@ def run_benchmark(engine: Engine, workload: Workload, cfg, confidence: float = 0
 
     slos = parse_all(cfg.get("slos"))
     open_loop = cfg.get("mode", "closed") == "open"
-    server = SequentialServer(engine)
+    server = serve(engine)
     measured: dict[int, LevelReport] = {}
 
     def measure(load):

@@ -1,7 +1,6 @@
 """`roi-ladder`: sweep (a Hydra app), ui."""
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -10,6 +9,10 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 USAGE = """usage: roi-ladder COMMAND [hydra overrides]
   sweep   climb the ladder (e.g. roi-ladder sweep profile=quick; --multirun target=a,b)
   ui      start the MLflow UI on 127.0.0.1 and print this sweep's URL
+  promote   [--run RUN] [--name NAME]  register an accepted rung (default: the latest sweep's champion)
+            as the registered model's new version with alias `champion`
+  rollback  [--to VERSION] [--reason TEXT] [--name NAME]  move `champion` back (default: to its rollback_to)
+  status    [--name NAME]  the champion and the versions a rollback would restore, newest first
 """
 
 
@@ -24,12 +27,55 @@ def main() -> None:
     sys.argv = [f"roi-ladder {command}"] + rest
     if command == "sweep":
         _sweep_app()
+    elif command in REGISTRY_COMMANDS:
+        sys.exit(_registry_command(command, rest))
     elif command == "ui":
         from experiments.ui import serve_ui
         sys.exit(serve_ui(_compose(rest)))
     else:
         print(f"roi-ladder: unknown command {command!r}\n{USAGE}", file=sys.stderr)
         sys.exit(2)
+
+
+REGISTRY_COMMANDS = ("promote", "rollback", "status")
+
+
+def _registry_command(command: str, argv: list[str]) -> int:
+    """promote / rollback / status: flags via argparse, everything else is a Hydra override."""
+    import argparse
+
+    from hydra.errors import HydraException
+
+    from experiments import registry
+    from experiments.console import quiet_libraries
+    from experiments.errors import ConfigError
+
+    parser = argparse.ArgumentParser(prog=f"roi-ladder {command}", allow_abbrev=False,
+                                     epilog="other arguments are Hydra overrides, e.g. data_dir=... target=...")
+    parser.add_argument("--name", help="registered model name (default: roi-ladder-<target of the latest sweep>)")
+    if command == "promote":
+        parser.add_argument("--run", help="run id of an accepted rung (default: the latest sweep's champion)")
+    if command == "rollback":
+        parser.add_argument("--to", help="version to restore (default: the champion's rollback_to)")
+        parser.add_argument("--reason", default="", help="why; recorded on the version rolled back from")
+    args, overrides = parser.parse_known_args(argv)
+    quiet_libraries()
+    try:
+        tracking_cfg = _compose(overrides).tracking
+        if command == "promote":
+            r = registry.promote(tracking_cfg, args.run, args.name)
+            print(f"promoted run {r.run_id}: {r.model_name} version {r.version} is the champion "
+                  f"(rollback_to: {r.rollback_to or 'none, the first champion'})")
+        elif command == "rollback":
+            r = registry.rollback(tracking_cfg, args.name, args.to, args.reason)
+            print(f"{r.model_name}: champion moved from version {r.from_version} to version {r.to_version}")
+        else:
+            name = args.name or registry.default_model_name(tracking_cfg)
+            print(registry.format_chain(name, registry.status(tracking_cfg, name)))
+    except (ConfigError, HydraException) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _compose(overrides: list[str]):
@@ -44,11 +90,11 @@ def _sweep_app() -> None:
 
     @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
     def sweep(cfg) -> None:
-        from experiments.console import SweepConsole
+        from experiments.console import SweepConsole, quiet_libraries
         from experiments.errors import ConfigError
         from experiments.ladder import run_sweep
 
-        _quiet_libraries()
+        quiet_libraries()
         ui = SweepConsole()
         try:
             result = run_sweep(cfg, ui)
@@ -58,15 +104,6 @@ def _sweep_app() -> None:
         ui.summary(result, int(max(cfg.benchmark.concurrency)), str(cfg.tracking.uri))
 
     sweep()
-
-
-def _quiet_libraries() -> None:
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    for name in ("lm_eval", "mlflow", "alembic"):
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 if __name__ == "__main__":

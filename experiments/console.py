@@ -7,6 +7,20 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.table import Table
 
+def quiet_libraries() -> None:
+    """Library chatter (progress bars, per-request warnings) would bury what the user came for."""
+    import logging
+    import os
+
+    import transformers
+
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    for name in ("lm_eval", "mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 VERDICT_STYLE = {"accepted": "green", "rejected": "red", "skipped": "yellow", "failed": "bold red"}
 
 

@@ -164,16 +164,27 @@ def _sweep_config(sweep) -> str:
 
 def package_recipe(run, config) -> dict:
     params = run.data.params
-    missing = [f"recipe.{f.name}" for f in fields(Recipe) if f"recipe.{f.name}" not in params]
-    if missing:
-        raise ConfigError(f"run {run.info.run_id} lacks the params {', '.join(missing)}",
-                          "promote a rung run logged by `roi-ladder sweep`")
     rungs = [params[f"recipe.rungs.{i}"] for i in range(len(params)) if f"recipe.rungs.{i}" in params]
     target = config.target
     return {"target": {"name": str(target.name), "kind": str(target.kind), "source": str(target.source),
                        "build": OmegaConf.to_container(target.build, resolve=True)},
-            "recipe": {f.name: params[f"recipe.{f.name}"] for f in fields(Recipe)},
-            "rungs": rungs}
+            "recipe": recipe_from_params(params, run.info.run_id), "rungs": rungs}
+
+
+def recipe_from_params(params: dict[str, str], run_id: str = "") -> dict:
+    """The run's `recipe.*` params, typed like Recipe's fields. A field the run lacks predates it, so the
+    run ran with its default: it is left out and Recipe fills it in."""
+    if "recipe.engine" not in params:
+        raise ConfigError(f"run {run_id} has no recipe.* params", "promote a rung run logged by `roi-ladder sweep`")
+    defaults = Recipe()
+    return {f.name: _typed(params[f"recipe.{f.name}"], getattr(defaults, f.name))
+            for f in fields(Recipe) if f"recipe.{f.name}" in params}
+
+
+def _typed(text: str, like):
+    if isinstance(like, bool):
+        return text == "True"
+    return type(like)(text)
 
 
 def _requirements() -> list[str]:

@@ -23,6 +23,11 @@ class Recipe:
     precision: str = "fp32"
     quantization: str = "none"       # none | int8
     execution_provider: str = "cpu"  # for onnxruntime
+    batching: str = "none"           # none (one request at a time) | static | dynamic | continuous
+    max_batch: int = 1
+    max_wait_ms: float = 0.0         # static: wait for a full batch this long at most; dynamic: the window
+    kv_block_size: int = 0           # continuous (paged KV cache): tokens per block
+    kv_num_blocks: int = 0           # continuous: blocks in the pool
 
 
 @dataclass(frozen=True)

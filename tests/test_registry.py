@@ -10,7 +10,7 @@ from omegaconf import OmegaConf, open_dict
 from conftest import SHARED_CACHE, compose
 from experiments import registry, tracking
 from experiments.errors import ConfigError
-from optimizers.base import Candidate, Target
+from optimizers.base import Candidate, Recipe, Target
 from optimizers.baseline import EagerBaseline
 from optimizers.int8_weights import Int8Weights
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
@@ -86,11 +86,18 @@ def test_the_package_holds_the_recipe_and_the_config(cfg, sweep):
     registry.promote(cfg.tracking, sweep["onnxruntime"], None)
     folder = Path(mlflow.artifacts.download_artifacts(f"models:/{NAME}@champion"))
     recipe = json.loads(next(folder.rglob("recipe.json")).read_text())
-    assert recipe["recipe"] == {"engine": "onnxruntime", "precision": "fp32", "quantization": "none",
-                                "execution_provider": "cpu"}
+    assert Recipe(**recipe["recipe"]) == ORT.recipe and recipe["recipe"]["engine"] == "onnxruntime"
     assert recipe["rungs"] == ["baseline", "onnxruntime"]
     assert recipe["target"]["source"] == "builtin:tiny-llm" and recipe["target"]["build"]["hidden_size"] == 192
     assert "target:" in next(folder.rglob("resolved.yaml")).read_text()
+
+
+def test_recipe_params_come_back_typed_and_missing_fields_take_their_defaults():
+    params = tracking.flatten({"recipe": Int8Weights().apply(ORT).describe()})
+    assert Recipe(**registry.recipe_from_params(params)) == Int8Weights().apply(ORT).recipe
+    assert Recipe(**registry.recipe_from_params({"recipe.engine": "onnxruntime"})) == Recipe(engine="onnxruntime")
+    with pytest.raises(ConfigError, match="no recipe"):
+        registry.recipe_from_params({"target.name": "tiny-llm"}, "r1")
 
 
 def test_second_promotion_points_back_at_the_first(cfg, sweep):

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.benchmark import Prompt, Workload, run_benchmark
+from experiments.console import quiet_libraries
 from experiments.serving.engine import Engine
 
 
@@ -59,6 +60,7 @@ def instrumentation_overhead(engine: Engine, workload: Workload, rounds: int = 5
 
 
 def main() -> None:
+    quiet_libraries()
     from experiments.benchmarks.common import default_setup
 
     console = Console(width=120)

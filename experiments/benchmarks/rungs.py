@@ -7,10 +7,12 @@ from rich.table import Table
 
 from experiments.benchmark import run_benchmark
 from experiments.benchmarks.common import default_setup
+from experiments.console import quiet_libraries
 from experiments.serving import build_engine
 
 
 def main() -> None:
+    quiet_libraries()
     console = Console(width=140)
     cands, workload, threads, artefacts = default_setup(console)
     cfg = OmegaConf.create({"concurrency": [1], "warmup_requests": 8, "warmup_s": 0.0, "min_requests": 60,

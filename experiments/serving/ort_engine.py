@@ -16,7 +16,21 @@ from experiments.models.tiny_llm import manifest_ok, write_manifest
 from experiments.serving.engine import Engine
 from optimizers.base import Candidate
 
-BUILDER_PRECISION = {"none": "fp32", "int8": "int8"}
+QUANTIZED_PRECISION = {"int8": "int8"}
+
+
+def builder_options(recipe) -> tuple[str, list[str]]:
+    """The builder's precision flag and extra options for a recipe."""
+    if recipe.quantization not in ("none", *QUANTIZED_PRECISION):
+        raise ValueError(f"onnxruntime engine has no {recipe.quantization!r} path")
+    precision = QUANTIZED_PRECISION.get(recipe.quantization, recipe.precision)
+    extra = []
+    if recipe.batching == "continuous":
+        # The continuous-batching Engine needs PagedAttention (a paged KV cache of num_blocks x block_size).
+        extra = ["use_paged_attention=true", f"paged_block_size={recipe.kv_block_size}",
+                 f"max_batch_size={recipe.max_batch}"] + (
+            [f"num_blocks={recipe.kv_num_blocks}"] if recipe.kv_num_blocks else [])
+    return precision, extra
 
 
 def export(cand: Candidate, artefact_root: Path, timeout_s: float = 900) -> tuple[Path, bool]:
@@ -24,22 +38,21 @@ def export(cand: Candidate, artefact_root: Path, timeout_s: float = 900) -> tupl
     import onnxruntime_genai
 
     recipe = cand.recipe
-    if recipe.quantization not in BUILDER_PRECISION:
-        raise ValueError(f"onnxruntime engine has no {recipe.quantization!r} path")
+    precision, extra = builder_options(recipe)
     source = json.loads((Path(cand.target.model_dir) / "manifest.json").read_text()) \
         if (Path(cand.target.model_dir) / "manifest.json").exists() else str(cand.target.model_dir)
-    key = hashlib.sha256(json.dumps({"source": source, "precision": BUILDER_PRECISION[recipe.quantization],
+    key = hashlib.sha256(json.dumps({"source": source, "precision": precision, "extra": extra,
                                      "ep": recipe.execution_provider, "genai": onnxruntime_genai.__version__},
                                     sort_keys=True).encode()).hexdigest()[:12]
-    out = Path(artefact_root) / f"ort-{BUILDER_PRECISION[recipe.quantization]}-{key}"
+    out = Path(artefact_root) / f"ort-{precision}-{key}"
     if out.exists() and manifest_ok(out):
         return out, True
     shutil.rmtree(out, ignore_errors=True)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(cand.target.model_dir),
-           "-o", str(tmp), "-p", BUILDER_PRECISION[recipe.quantization], "-e", recipe.execution_provider,
-           "-c", str(tmp) + ".cache"]
+           "-o", str(tmp), "-p", precision, "-e", recipe.execution_provider,
+           "-c", str(tmp) + ".cache"] + (["--extra_options", *extra] if extra else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     shutil.rmtree(str(tmp) + ".cache", ignore_errors=True)
     if proc.returncode != 0 or not (tmp / "genai_config.json").exists():
@@ -60,13 +73,36 @@ class OrtGenaiEngine(Engine):
         started = time.perf_counter()
         self.folder, self.reused = export(cand, artefact_root)
         self.build_seconds = time.perf_counter() - started
-        config = og.Config(str(self.folder))
-        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-            "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
-        self.model = og.Model(config)
+        self.recipe = cand.recipe
         self.threads = threads
+        self.model = og.Model(self._config())
         # The same tokenizer files as the source model (the builder copies them; we check they agree).
         self.tokenizer = AutoTokenizer.from_pretrained(cand.target.model_dir)
+
+    def _config(self, engine_section: dict | None = None):
+        import onnxruntime_genai as og
+
+        config = og.Config(str(self.folder))
+        overlay = {"model": {"decoder": {"session_options": {"intra_op_num_threads": self.threads,
+                                                               "inter_op_num_threads": 1}}}}
+        if engine_section:
+            # The Engine takes a per-turn minimum; a session-wide min_length is refused there.
+            overlay |= {"engine": engine_section, "search": {"min_length": 0}}
+        config.overlay(json.dumps(overlay))
+        return config
+
+    def step_engine(self):
+        """onnxruntime-genai's Engine for this recipe's batching: paged dynamic batching for continuous,
+        else a static batcher of max_batch sequences (a batch runs until its longest sequence ends)."""
+        import onnxruntime_genai as og
+
+        if self.recipe.batching == "continuous":
+            section = {"dynamic_batching": {"block_size": self.recipe.kv_block_size,
+                                            "max_batch_size": self.recipe.max_batch}
+                       | ({"num_blocks": self.recipe.kv_num_blocks} if self.recipe.kv_num_blocks else {})}
+        else:
+            section = {"static_batching": {"max_batch_size": self.recipe.max_batch}}
+        return og.Engine(og.Model(self._config(section)))
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Iterator[tuple[int, float]]:
         import onnxruntime_genai as og
