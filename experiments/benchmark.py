@@ -62,6 +62,7 @@ class RequestRecord:
     sent: float = 0.0                  # when the load generator actually handed it over
     engine_start: float | None = None
     token_times: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
     model_s: float = 0.0
     error: str | None = None
     timed_out: bool = False
@@ -105,8 +106,9 @@ class SequentialServer:
                 continue
             rec.engine_start = time.perf_counter()
             try:
-                for _, compute in self.engine.generate(list(rec.prompt.token_ids), rec.prompt.max_new_tokens):
+                for token, compute in self.engine.generate(list(rec.prompt.token_ids), rec.prompt.max_new_tokens):
                     rec.token_times.append(time.perf_counter())
+                    rec.tokens.append(token)
                     rec.model_s += compute
                     if rec.cancelled:
                         break

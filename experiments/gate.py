@@ -44,7 +44,8 @@ class Gate:
 
     def performance(self, champion: BenchmarkReport, challenger: BenchmarkReport) -> Criterion:
         obj = self.cfg.objective
-        metric, stat, level = obj.metric, obj.stat, int(obj.concurrency)
+        metric, stat = obj.metric, obj.stat
+        level = max(lv.concurrency for lv in champion.levels) if obj.concurrency == "max" else int(obj.concurrency)
         a = challenger.level(level).values(metric)
         b = champion.level(level).values(metric)
         if len(a) < 2 or len(b) < 2:
@@ -58,6 +59,20 @@ class Gate:
                   f"{'<' if passed else '>='} {need:.2f} needed")
         return Criterion("performance", passed, detail,
                          {"ratio": ratio, "ratio_ci_low": lo, "ratio_ci_high": hi, "ratio_needed": need})
+
+    def slos(self, champion: BenchmarkReport, challenger: BenchmarkReport) -> Criterion:
+        """Every SLO still met at each level where the champion met them all."""
+        slos = champion.slos
+        if not slos:
+            return Criterion("slos", True, "no SLOs configured")
+        lost = []
+        for lv in champion.levels:
+            if all(s.met_by(lv) for s in slos):
+                mine = challenger.level(lv.concurrency)
+                lost += [f"{s.text} at c={lv.concurrency} ({s.value(mine):.1f})" for s in slos if not s.met_by(mine)]
+        if lost:
+            return Criterion("slos", False, "SLO no longer met: " + ", ".join(lost), {"slos_lost": len(lost)})
+        return Criterion("slos", True, "SLOs held", {"slos_lost": 0})
 
     def accuracy(self, champion: AccuracyReport, challenger: AccuracyReport) -> Criterion:
         """Paired on the same documents: drop = mean(champion - challenger) per doc, upper bound vs tolerance."""

@@ -101,7 +101,7 @@ def validate(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
         raise ConfigError(f"gate.objective.metric {obj.metric!r} is unknown", f"use one of {LATENCY_METRICS}")
     if obj.stat not in STATS:
         raise ConfigError(f"gate.objective.stat {obj.stat!r} is unknown", f"use one of {STATS}")
-    if int(obj.concurrency) not in [int(c) for c in levels]:
+    if obj.concurrency != "max" and (not str(obj.concurrency).isdigit() or int(obj.concurrency) not in levels):
         raise ConfigError(f"gate.objective.concurrency={obj.concurrency} is not a measured level {levels}",
                           "add it to benchmark.concurrency or pick one of the levels")
     data_dir = Path(cfg.data_dir)
@@ -188,6 +188,8 @@ def _climb(name, opt, champion, target, env, cfg, workload, include_path, gate, 
                     outcome.verdict = Verdict("accepted", "baseline: the first champion, measured as is")
                 else:
                     criteria = [gate.performance(champion.bench, outcome.bench)]
+                    if cfg.gate.get("slos_still_met", True):
+                        criteria.append(gate.slos(champion.bench, outcome.bench))
                     criteria += [gate.accuracy(c, n) for c, n in zip(champion.accuracy, outcome.accuracy)]
                     outcome.verdict = Verdict.from_criteria(criteria)
                     _log_criteria(outcome.verdict.criteria)

@@ -28,7 +28,7 @@ class Batching(Optimizer):
         if self.kind == "continuous" and not env.cuda:
             return ("continuous batching needs onnxruntime-genai's PagedAttention export, which runs on CUDA "
                     "(fp16/bf16) only; on CPU its Engine batches statically")
-        if KINDS.index(self.kind) <= KINDS.index(cand.recipe.batching) if cand.recipe.batching in KINDS else False:
+        if cand.recipe.batching in KINDS and KINDS.index(self.kind) <= KINDS.index(cand.recipe.batching):
             return f"the champion already uses {cand.recipe.batching} batching"
         return None
 

@@ -9,6 +9,7 @@ from experiments.errors import ConfigError
 from experiments.ladder import load_rungs, validate
 from optimizers.base import Candidate, Env, Optimizer, Recipe, Target
 from optimizers.baseline import EagerBaseline
+from optimizers.batching import Batching
 from optimizers.int8_weights import Int8Weights
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 
@@ -21,7 +22,8 @@ TARGET = Target("t", "causal-lm", Path("/nonexistent"))
 def test_every_profile_composes(profile, tmp_path):
     cfg = compose([f"profile={profile}", f"data_dir={tmp_path}"])
     assert cfg.profile_name == profile
-    assert list(cfg.ladder.rungs) == ["baseline", "onnxruntime", "int8"]
+    assert list(cfg.ladder.rungs) == ["baseline", "onnxruntime", "static_batching", "dynamic_batching",
+                                      "continuous_batching", "int8"]
     assert cfg.tracking.uri == f"sqlite:///{tmp_path}/mlflow.db"
 
 
@@ -39,7 +41,8 @@ def test_composition_error_names_the_bad_key():
 
 def test_rungs_are_instantiated_from_yaml_in_roi_order(tmp_path):
     rungs = load_rungs(compose([f"data_dir={tmp_path}"]))
-    assert [type(o) for _, o in rungs] == [EagerBaseline, OnnxRuntimeSwap, Int8Weights]
+    assert [type(o) for _, o in rungs] == [EagerBaseline, OnnxRuntimeSwap, Batching, Batching, Batching, Int8Weights]
+    assert [o.kind for _, o in rungs[2:5]] == ["static", "dynamic", "continuous"]
     assert all(isinstance(o, Optimizer) for _, o in rungs)
 
 

@@ -52,3 +52,23 @@ def test_verdict_lists_every_failing_criterion():
                                gate.accuracy(acc([1] * 40), acc([0] * 40))])
     assert v.status == "rejected" and "ratio" in v.reason and "drop" in v.reason
     assert len(v.criteria) == 2
+
+
+def test_objective_at_max_reads_the_highest_level_and_slos_must_hold():
+    from experiments.slo import SLO
+
+    def two_levels(c1_ms, c4_ms, slos=()):
+        one, four = bench_with_e2e(c1_ms).levels[0], bench_with_e2e(c4_ms).levels[0]
+        four = LevelReport(4, 1.0, four.records, {}, 0.0, 0.0, True)
+        return BenchmarkReport((one, four), tuple(slos))
+
+    slo = SLO.parse("p99_e2e_ms<=150")
+    champion = two_levels([100.0] * 40, [400.0] * 40, [slo])
+    challenger = two_levels([300.0] * 40, [200.0] * 40, [slo])     # faster at c=4, but breaks c=1's SLO
+    cfg = OmegaConf.merge(GATE, {"objective": {"concurrency": "max", "stat": "mean"}})
+    gate = Gate(cfg)
+    perf = gate.performance(champion, challenger)
+    assert perf.passed and "@c=4" in perf.detail and perf.numbers["ratio"] == 0.5
+    slos = gate.slos(champion, challenger)
+    assert not slos.passed and "p99_e2e_ms<=150 at c=1" in slos.detail
+    assert gate.slos(champion, champion).passed

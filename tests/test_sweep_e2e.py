@@ -29,7 +29,10 @@ def test_one_parent_and_one_child_per_rung(sweep):
     parents = [r for r in runs if r.data.tags.get("roi.kind") == "sweep"]
     children = [r for r in runs if r.data.tags.get("roi.kind") == "rung"]
     assert len(parents) == 1
-    assert sorted(r.data.tags["roi.rung"] for r in children) == ["baseline", "int8", "onnxruntime"]
+    assert sorted(r.data.tags["roi.rung"] for r in children) == [
+        "baseline", "continuous_batching", "dynamic_batching", "int8", "onnxruntime", "static_batching"]
+    continuous = next(r for r in children if r.data.tags["roi.rung"] == "continuous_batching")
+    assert continuous.data.tags["roi.verdict"] == "skipped" and "CUDA" in continuous.data.tags["roi.reason"]
     assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in children)
     assert all(r.data.tags["roi.verdict"] in VERDICTS and r.data.tags["roi.reason"] for r in children)
     assert not [r for r in children if r.data.tags["roi.verdict"] == "failed"]
@@ -92,3 +95,19 @@ def test_multirun_sweeps_each_job_into_the_same_store(model_dir, tmp_path):
     ort = next(r for r in runs if r.data.tags.get("mlflow.parentRunId") == strict.info.run_id
                and r.data.tags["roi.rung"] == "onnxruntime")
     assert ort.data.tags["roi.verdict"] == "rejected" and "0.01 needed" in ort.data.tags["roi.reason"]
+
+
+def test_promote_then_status_then_refused_rollback_through_the_cli(sweep):
+    _, client, runs, data = sweep
+    cli = [sys.executable, "-m", "experiments.cli"]
+    common = [f"data_dir={data}", f"cache_dir={SHARED_CACHE}"]
+    promoted = subprocess.run(cli + ["promote"] + common, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert promoted.returncode == 0, promoted.stderr[-2000:]
+    parent = next(r for r in runs if r.data.tags.get("roi.kind") == "sweep")
+    assert parent.data.tags["roi.champion_run"] in promoted.stdout
+    version = client.get_model_version_by_alias("roi-ladder-tiny-llm", "champion")
+    assert version.tags["source_run"] == parent.data.tags["roi.champion_run"] and version.tags["rollback_to"] == ""
+    status = subprocess.run(cli + ["status"] + common, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0 and "champion v1" in status.stdout
+    rollback = subprocess.run(cli + ["rollback"] + common, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert rollback.returncode == 2 and "error:" in rollback.stderr and "no earlier version" in rollback.stderr

@@ -59,6 +59,30 @@ def instrumentation_overhead(engine: Engine, workload: Workload, rounds: int = 5
     return d, h, h / d - 1
 
 
+def batching_comparison(ort_candidate, workload: Workload, threads: int, artefacts, concurrency: int = 16):
+    """Sequential vs static vs dynamic batching (continuous where the platform has it), same load."""
+    from optimizers.base import Env
+    from optimizers.batching import Batching
+    from experiments.serving import build_engine
+
+    cfg = OmegaConf.create({"concurrency": [concurrency], "warmup_requests": 16, "warmup_s": 0.0,
+                            "min_requests": 160, "min_duration_s": 4.0, "max_duration_s": 120.0,
+                            "request_timeout_s": 60.0})
+    env = Env.detect()
+    rows = {}
+    for label, rung in (("one at a time", None), ("static (B=16, 200 ms)", Batching("static", 16, 200)),
+                        ("dynamic (B=16, 5 ms)", Batching("dynamic", 16, 5)),
+                        ("continuous (B=32, paged KV)", Batching("continuous", 32, kv_block_size=256))):
+        reason = rung.check(env, ort_candidate) if rung else None
+        if reason:
+            rows[label] = reason
+            continue
+        cand = rung.apply(ort_candidate) if rung else ort_candidate
+        level = run_benchmark(build_engine(cand, threads, artefacts), workload, cfg).levels[0]
+        rows[label] = (level.output_tokens_per_s, level.stats["e2e_ms"].p99 or level.stats["e2e_ms"].p95)
+    return rows
+
+
 def main() -> None:
     quiet_libraries()
     from experiments.benchmarks.common import default_setup
@@ -78,6 +102,17 @@ def main() -> None:
     table.add_row("instrumentation overhead (onnxruntime engine, c=1)",
                   f"{overhead * 100:+.2f} % ({d:.2f} -> {h:.2f} ms/request)", "< 2 %",
                   "yes" if overhead < 0.02 else "NO")
+    console.print(table)
+    batching = batching_comparison(cands["onnxruntime"], workload, threads, artefacts)
+    base_tps = batching["one at a time"][0]
+    table = Table(title="batching on the onnxruntime engine, 16 concurrent clients (closed loop)")
+    for col in ("scheduler", "output tokens/s", "vs one at a time", "E2E P99 ms (P95 under 100 samples)"):
+        table.add_column(col)
+    for label, row in batching.items():
+        if isinstance(row, str):
+            table.add_row(label, "skipped", "", row)
+        else:
+            table.add_row(label, f"{row[0]:.0f}", f"{row[0] / base_tps:.2f}x", f"{row[1].value:.1f}")
     console.print(table)
 
 

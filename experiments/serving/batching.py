@@ -122,6 +122,7 @@ class BatchingServer:
             if rec is None:
                 continue
             rec.token_times.append(now)
+            rec.tokens.append(int(event.token))
             if event.finish_reason != self._og.FinishReason.NONE or rec.cancelled:
                 if event.finish_reason == self._og.FinishReason.FAILED:
                     rec.error = f"engine failed the request (code {event.error_code})"
