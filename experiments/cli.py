@@ -13,6 +13,7 @@ USAGE = """usage: roi-ladder COMMAND [hydra overrides]
             as the registered model's new version with alias `champion`
   rollback  [--to VERSION] [--reason TEXT] [--name NAME]  move `champion` back (default: to its rollback_to)
   status    [--name NAME]  the champion and the versions a rollback would restore, newest first
+  capacity  [--run RUN]  the capacity and cost plan of a rung run (default: the latest sweep's champion)
 """
 
 
@@ -37,7 +38,7 @@ def main() -> None:
         sys.exit(2)
 
 
-REGISTRY_COMMANDS = ("promote", "rollback", "status")
+REGISTRY_COMMANDS = ("promote", "rollback", "status", "capacity")
 
 
 def _registry_command(command: str, argv: list[str]) -> int:
@@ -52,9 +53,12 @@ def _registry_command(command: str, argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog=f"roi-ladder {command}", allow_abbrev=False,
                                      epilog="other arguments are Hydra overrides, e.g. data_dir=... target=...")
-    parser.add_argument("--name", help="registered model name (default: roi-ladder-<target of the latest sweep>)")
+    if command != "capacity":
+        parser.add_argument("--name", help="registered model name (default: roi-ladder-<target of the latest sweep>)")
     if command == "promote":
         parser.add_argument("--run", help="run id of an accepted rung (default: the latest sweep's champion)")
+    if command == "capacity":
+        parser.add_argument("--run", help="a rung run id (default: the latest sweep's champion)")
     if command == "rollback":
         parser.add_argument("--to", help="version to restore (default: the champion's rollback_to)")
         parser.add_argument("--reason", default="", help="why; recorded on the version rolled back from")
@@ -66,6 +70,8 @@ def _registry_command(command: str, argv: list[str]) -> int:
             r = registry.promote(tracking_cfg, args.run, args.name)
             print(f"promoted run {r.run_id}: {r.model_name} version {r.version} is the champion "
                   f"(rollback_to: {r.rollback_to or 'none, the first champion'})")
+        elif command == "capacity":
+            print(registry.capacity_plan_text(tracking_cfg, args.run))
         elif command == "rollback":
             r = registry.rollback(tracking_cfg, args.name, args.to, args.reason)
             print(f"{r.model_name}: champion moved from version {r.from_version} to version {r.to_version}")

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from experiments import tracking
 from experiments.accuracy import AccuracyReport, evaluate
 from experiments.benchmark import LATENCY_METRICS, BenchmarkReport, Workload, run_benchmark
+from experiments.capacity import check_config as check_capacity_config, plan
 from experiments.errors import ConfigError
 from experiments.gate import Criterion, Gate, Verdict
 from experiments.serving import build_engine
@@ -35,6 +36,7 @@ class RungOutcome:
     candidate: Candidate | None = None
     bench: BenchmarkReport | None = None
     accuracy: list[AccuracyReport] = field(default_factory=list)
+    capacity: object | None = None     # capacity.CapacityPlan
     run_id: str | None = None
     champion_before: "RungOutcome | None" = None
 
@@ -93,6 +95,7 @@ def validate(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
             raise ConfigError(f"benchmark.rates must list rates > 0 requests/s, got {list(bench.rates)}",
                               "e.g. benchmark.rates=[2,4,8]")
         levels = [int(round(float(r))) for r in bench.rates]
+    check_capacity_config(cfg.capacity)
     slos = parse_all(bench.slos)
     if bench.sla_search and not slos:
         raise ConfigError("benchmark.sla_search=true needs SLOs", "set benchmark.slos=[p99_e2e_ms<=500]")
@@ -162,6 +165,9 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
             ui.rung_done(outcome, top)
         mlflow.set_tags({"roi.champion_run": champion.run_id if champion else "",
                          "roi.champion_rung": champion.name if champion else ""})
+        if champion and champion.capacity:
+            mlflow.log_metrics(champion.capacity.to_metrics())
+            mlflow.log_text(champion.capacity.to_markdown(), "capacity/plan.md")
         mlflow.log_text(_markdown_table(outcomes, top), "summary.md")
     return SweepResult(parent.info.run_id, experiment_id, outcomes, champion)
 
@@ -184,6 +190,7 @@ def _climb(name, opt, champion, target, env, cfg, workload, include_path, gate, 
                 mlflow.log_params(tracking.flatten({"recipe": cand.describe()}))
                 outcome.bench, outcome.accuracy = _measure(cand, cfg, workload, include_path, ui, name)
                 _log_measurements(outcome)
+                outcome.capacity = _capacity_plan(outcome.bench, cfg.capacity)
                 if champion is None:
                     outcome.verdict = Verdict("accepted", "baseline: the first champion, measured as is")
                 else:
@@ -235,6 +242,20 @@ def _log_measurements(outcome: RungOutcome) -> None:
     for acc in outcome.accuracy:
         mlflow.log_metrics(acc.to_metrics())
         tracking.write_json(acc.results, f"accuracy/{acc.task}/results.json")
+
+
+def _capacity_plan(bench, cfg_capacity):
+    """The plan this rung's measurements imply; logged on its run so the UI compares what each rung saves."""
+    try:
+        result = plan(bench, cfg_capacity)
+    except ValueError as exc:  # no level met the tier: say so instead of inventing a number
+        mlflow.set_tag("roi.capacity", f"no plan: {exc}")
+        return None
+    mlflow.log_metrics(result.to_metrics())
+    mlflow.log_text(result.to_markdown(), "capacity/plan.md")
+    mlflow.set_tag("roi.capacity", f"{result.replicas} replicas for {cfg_capacity.peak_qps} QPS "
+                                   f"({result.tier}), {result.cost_per_hour:.2f}/h")
+    return result
 
 
 def _log_criteria(criteria: tuple[Criterion, ...]) -> None:

@@ -370,3 +370,16 @@ def _now() -> str:
 
 def _iso(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="seconds") if ms else ""
+
+
+# --- reading a rung's capacity plan (`roi-ladder capacity`) -------------------------------------------------
+def capacity_plan_text(tracking_cfg, run_id: str | None = None) -> str:
+    client = _connect(tracking_cfg)
+    run = _rung_run(client, run_id) if run_id else _latest_champion_run(client, tracking_cfg)
+    try:
+        plan = mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/capacity/plan.md")
+    except MlflowException:
+        reason = run.data.tags.get("roi.capacity", "this rung was not measured (skipped or failed)")
+        raise ConfigError(f"run {run.info.run_id} has no capacity plan: {reason}",
+                          "pick a measured rung, or lower capacity.sla_tier's demands") from None
+    return f"capacity plan of rung {run.data.tags.get('roi.rung')} (run {run.info.run_id})\n{plan}"

@@ -111,3 +111,15 @@ def test_promote_then_status_then_refused_rollback_through_the_cli(sweep):
     assert status.returncode == 0 and "champion v1" in status.stdout
     rollback = subprocess.run(cli + ["rollback"] + common, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert rollback.returncode == 2 and "error:" in rollback.stderr and "no earlier version" in rollback.stderr
+
+
+def test_each_measured_rung_has_a_capacity_plan_and_the_cli_prints_the_champions(sweep):
+    _, _, runs, data = sweep
+    measured = [r for r in runs if r.data.tags.get("roi.kind") == "rung" and r.data.tags["roi.verdict"] != "skipped"]
+    for r in measured:
+        assert r.data.metrics["capacity/replicas"] >= 1 and r.data.metrics["capacity/cost_per_hour"] > 0
+    parent = next(r for r in runs if r.data.tags.get("roi.kind") == "sweep")
+    assert parent.data.metrics["capacity/replicas"] >= 1
+    out = subprocess.run([sys.executable, "-m", "experiments.cli", "capacity", f"data_dir={data}"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "replicas" in out.stdout and parent.data.tags["roi.champion_run"] in out.stdout
