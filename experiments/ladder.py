@@ -18,6 +18,7 @@ from experiments.accuracy import AccuracyReport, evaluate
 from experiments.benchmark import LATENCY_METRICS, BenchmarkReport, Workload, run_benchmark
 from experiments.capacity import check_config as check_capacity_config, plan
 from experiments.errors import ConfigError
+from experiments.fidelity import BaselineLogprobs, FidelityReport, fixed_sequences, judge
 from experiments.gate import Criterion, Gate, Verdict
 from experiments.serving import build_engine
 from experiments.slo import parse_all
@@ -37,6 +38,7 @@ class RungOutcome:
     bench: BenchmarkReport | None = None
     accuracy: list[AccuracyReport] = field(default_factory=list)
     capacity: object | None = None     # capacity.CapacityPlan
+    fidelity: FidelityReport | None = None
     run_id: str | None = None
     champion_before: "RungOutcome | None" = None
 
@@ -50,6 +52,21 @@ class RungOutcome:
         if self.accuracy:
             out["accuracy"] = self.accuracy[0].value
         return out
+
+
+@dataclass
+class Sweep:
+    """What every rung of one sweep shares: config, machine, target, load, data, gate, where to record."""
+    cfg: DictConfig
+    env: Env
+    target: object
+    workload: Workload
+    include_path: Path | None
+    gate: Gate
+    experiment_id: str
+    ui: object
+    windows: list                               # fixed held-out token windows for fidelity
+    reference: BaselineLogprobs | None = None   # the baseline's next-token log-probs, once measured
 
 
 @dataclass
@@ -144,7 +161,9 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     wl = cfg.target.workload
     workload = Workload.from_texts(texts, tokenizer, wl.input_tokens, wl.output_tokens, wl.prompts,
                                    max(8, cfg.benchmark.warmup_requests), cfg.seed)
-    gate = Gate(cfg.gate, cfg.seed)
+    fid = cfg.gate.fidelity
+    sweep = Sweep(cfg, env, target, workload, include_path, Gate(cfg.gate, cfg.seed), experiment_id, ui,
+                  fixed_sequences(tokenizer, texts, int(fid.sequences), int(fid.length), cfg.seed))
     top = int(max(cfg.benchmark.concurrency))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     outcomes: list[RungOutcome] = []
@@ -158,7 +177,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
         tracking.write_json(tracking.environment(), "env.json")
         for name, opt in rungs:
-            outcome = _climb(name, opt, champion, target, env, cfg, workload, include_path, gate, experiment_id, ui)
+            outcome = _climb(name, opt, champion, sweep)
             outcomes.append(outcome)
             if outcome.verdict.accepted:
                 champion = outcome
@@ -168,19 +187,22 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         if champion and champion.capacity:
             mlflow.log_metrics(champion.capacity.to_metrics())
             mlflow.log_text(champion.capacity.to_markdown(), "capacity/plan.md")
+        if champion is not None:
+            _diagnose_model_layer(champion.candidate, cfg)
         mlflow.log_text(_markdown_table(outcomes, top), "summary.md")
     return SweepResult(parent.info.run_id, experiment_id, outcomes, champion)
 
 
-def _climb(name, opt, champion, target, env, cfg, workload, include_path, gate, experiment_id, ui) -> RungOutcome:
+def _climb(name, opt, champion, sweep: Sweep) -> RungOutcome:
+    cfg, gate = sweep.cfg, sweep.gate
     base = champion.candidate if champion else None
     tags = {"roi.rung": name, "roi.kind": "rung", "roi.cost": opt.cost,
             "roi.champion_before": champion.run_id if champion else ""}
-    with tracking.run(name, experiment_id, nested=True, tags=tags) as run:
+    with tracking.run(name, sweep.experiment_id, nested=True, tags=tags) as run:
         outcome = RungOutcome(name, Verdict("failed", "not run"), run_id=run.info.run_id, champion_before=champion)
         try:
-            current = base or Candidate(target)
-            reason = opt.check(env, current)
+            current = base or Candidate(sweep.target)
+            reason = opt.check(sweep.env, current)
             if champion is None and not isinstance(opt, EagerBaseline):
                 outcome.verdict = Verdict("skipped", "no champion to compare with: the baseline did not complete")
             elif reason:
@@ -188,7 +210,7 @@ def _climb(name, opt, champion, target, env, cfg, workload, include_path, gate, 
             else:
                 outcome.candidate = cand = opt.apply(current)
                 mlflow.log_params(tracking.flatten({"recipe": cand.describe()}))
-                outcome.bench, outcome.accuracy = _measure(cand, cfg, workload, include_path, ui, name)
+                outcome.bench, outcome.accuracy, outcome.fidelity = _measure(cand, sweep, name)
                 _log_measurements(outcome)
                 outcome.capacity = _capacity_plan(outcome.bench, cfg.capacity)
                 if champion is None:
@@ -198,6 +220,8 @@ def _climb(name, opt, champion, target, env, cfg, workload, include_path, gate, 
                     if cfg.gate.get("slos_still_met", True):
                         criteria.append(gate.slos(champion.bench, outcome.bench))
                     criteria += [gate.accuracy(c, n) for c, n in zip(champion.accuracy, outcome.accuracy)]
+                    criteria.append(judge(outcome.fidelity, cfg.gate.fidelity.max_kl, cfg.gate.fidelity.min_top1,
+                                          cfg.gate.confidence))
                     outcome.verdict = Verdict.from_criteria(criteria)
                     _log_criteria(outcome.verdict.criteria)
         except ConfigError:
@@ -211,7 +235,8 @@ def _climb(name, opt, champion, target, env, cfg, workload, include_path, gate, 
     return outcome
 
 
-def _measure(cand, cfg, workload, include_path, ui, name):
+def _measure(cand, sweep: Sweep, name: str):
+    cfg, ui = sweep.cfg, sweep.ui
     engine = None
     try:
         with ui.stage(f"{name}: building the {cand.recipe.engine} engine"):
@@ -222,12 +247,17 @@ def _measure(cand, cfg, workload, include_path, ui, name):
             mlflow.log_metric("build_seconds", engine.build_seconds)
             mlflow.set_tag("roi.artefact_reused", str(engine.reused))
         with ui.stage(f"{name}: load ladder") as st:
-            bench = run_benchmark(engine, workload, cfg.benchmark, cfg.gate.confidence,
+            bench = run_benchmark(engine, sweep.workload, cfg.benchmark, cfg.gate.confidence,
                                   on_level=lambda c: st.update(f"{name}: load at concurrency {c}"))
         with ui.stage(f"{name}: lm-eval in the {cand.recipe.engine} engine"):
             acc = evaluate(engine.lm_eval_model(int(cfg.accuracy.batch_size)), list(cfg.accuracy.tasks),
-                           cfg.gate.accuracy.metric, include_path, cfg.accuracy.limit, cfg.seed)
-        return bench, acc
+                           cfg.gate.accuracy.metric, sweep.include_path, cfg.accuracy.limit, cfg.seed)
+        with ui.stage(f"{name}: fidelity against the baseline"):
+            # Against the original baseline, not the champion, so drift cannot build up rung by rung.
+            if sweep.reference is None:
+                sweep.reference = BaselineLogprobs.record(engine, sweep.windows)
+            fidelity = sweep.reference.compare(engine)
+        return bench, acc, fidelity
     finally:
         if engine is not None:
             engine.close()
@@ -239,6 +269,8 @@ def _log_measurements(outcome: RungOutcome) -> None:
     tracking.log_series(outcome.bench.metric_series())
     mlflow.log_text(outcome.bench.samples_csv(), "benchmark/samples.csv")
     mlflow.set_tags({f"validity.{k}": str(v) for k, v in outcome.bench.validity().items()})
+    if outcome.fidelity is not None:
+        mlflow.log_metrics(outcome.fidelity.to_metrics())
     for acc in outcome.accuracy:
         mlflow.log_metrics(acc.to_metrics())
         tracking.write_json(acc.results, f"accuracy/{acc.task}/results.json")
@@ -256,6 +288,25 @@ def _capacity_plan(bench, cfg_capacity):
     mlflow.set_tag("roi.capacity", f"{result.replicas} replicas for {cfg_capacity.peak_qps} QPS "
                                    f"({result.tier}), {result.cost_per_hour:.2f}/h")
     return result
+
+
+def _diagnose_model_layer(cand: Candidate, cfg: DictConfig) -> None:
+    """The champion on the roofline of the configured hardware (the seed's model-layer drill-down)."""
+    from transformers import AutoConfig
+
+    from experiments import roofline
+
+    recipe, wl = cand.recipe, cfg.target.workload
+    shape = roofline.ModelShape.from_config(AutoConfig.from_pretrained(cand.target.model_dir))
+    report = roofline.Roofline.analyse(
+        shape, roofline.Hardware.from_conf(cfg.hardware),
+        *roofline.weight_and_kv_bytes(recipe.precision, recipe.quantization),
+        prefill_tokens=max(wl.input_tokens), decode_batch=max(1, recipe.max_batch),
+        context=max(wl.input_tokens) + max(wl.output_tokens))
+    mlflow.log_metrics(report.to_metrics())
+    mlflow.log_figure(roofline.plot(report), "diagnosis/roofline.png")
+    mlflow.log_text(report.to_markdown(), "diagnosis/roofline.md")
+    mlflow.set_tag("roi.diagnosis.model_layer", report.summary()[:5000])
 
 
 def _log_criteria(criteria: tuple[Criterion, ...]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # Bytes per stored value; int4 packs two weights per byte.
@@ -116,7 +116,7 @@ class Hardware:
     name: str
     peak_flops: float        # FLOP/s
     peak_bandwidth: float    # bytes/s
-    cache_bytes: float | None = None   # the last on-chip cache: a working set that fits never waits on DRAM
+    cache_bytes: float | None = None   # last on-chip cache: weights that fit stay there between steps
     measured: bool = False
 
     @property
@@ -127,11 +127,11 @@ class Hardware:
     @classmethod
     def from_conf(cls, node) -> "Hardware":
         """From a conf/hardware node: spec-sheet peaks, or `measure: true` to benchmark this machine."""
+        cache = float(node.cache_bytes) if node.get("cache_bytes") else None
         if node.measure:
-            return measure_local_cpu(float(node.seconds), int(node.matmul_size), int(node.copy_bytes), node.name)
-        cache = node.get("cache_bytes")
-        return cls(str(node.name), float(node.peak_flops), float(node.peak_bandwidth),
-                   float(cache) if cache else None)
+            hw = measure_local_cpu(float(node.seconds), int(node.matmul_size), int(node.copy_bytes), node.name)
+            return replace(hw, cache_bytes=cache) if cache else hw
+        return cls(str(node.name), float(node.peak_flops), float(node.peak_bandwidth), cache)
 
 
 def measure_local_cpu(seconds: float, matmul_size: int, copy_bytes: int, name: str = "local CPU") -> Hardware:
