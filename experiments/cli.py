@@ -31,7 +31,10 @@ def main() -> None:
     elif command in REGISTRY_COMMANDS:
         sys.exit(_registry_command(command, rest))
     elif command == "ui":
+        from experiments.console import quiet_libraries
         from experiments.ui import serve_ui
+
+        quiet_libraries()
         sys.exit(serve_ui(_compose(rest)))
     else:
         print(f"roi-ladder: unknown command {command!r}\n{USAGE}", file=sys.stderr)
