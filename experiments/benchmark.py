@@ -69,6 +69,12 @@ class RequestRecord:
     cancelled: bool = False
     done: threading.Event = field(default_factory=threading.Event)
 
+    @classmethod
+    def arriving(cls, prompt: "Prompt", intended: float | None = None) -> "RequestRecord":
+        """A request handed over now; its latency counts from `intended` (open loop) or from now."""
+        now = time.perf_counter()
+        return cls(prompt, arrival=now if intended is None else intended, sent=now)
+
     @property
     def ok(self) -> bool:
         return self.error is None and not self.timed_out and len(self.token_times) > 0
@@ -94,8 +100,7 @@ class SequentialServer:
         self._worker.start()
 
     def submit(self, prompt: Prompt, intended: float | None = None) -> RequestRecord:
-        now = time.perf_counter()
-        rec = RequestRecord(prompt, arrival=now if intended is None else intended, sent=now)
+        rec = RequestRecord.arriving(prompt, intended)
         self._queue.put(rec)
         return rec
 

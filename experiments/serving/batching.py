@@ -35,8 +35,7 @@ class BatchingServer:
             raise self._start_error
 
     def submit(self, prompt: Prompt, intended: float | None = None) -> RequestRecord:
-        now = time.perf_counter()
-        rec = RequestRecord(prompt, arrival=now if intended is None else intended, sent=now)
+        rec = RequestRecord.arriving(prompt, intended)
         self._queue.put(rec)
         return rec
 
