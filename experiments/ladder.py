@@ -190,6 +190,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         if champion is not None:
             _diagnose_model_layer(champion.candidate, cfg)
         mlflow.log_text(_markdown_table(outcomes, top), "summary.md")
+        _log_plots(outcomes, champion, cfg)
     return SweepResult(parent.info.run_id, experiment_id, outcomes, champion)
 
 
@@ -288,6 +289,16 @@ def _capacity_plan(bench, cfg_capacity):
     mlflow.set_tag("roi.capacity", f"{result.replicas} replicas for {cfg_capacity.peak_qps} QPS "
                                    f"({result.tier}), {result.cost_per_hour:.2f}/h")
     return result
+
+
+def _log_plots(outcomes: list[RungOutcome], champion: RungOutcome | None, cfg: DictConfig) -> None:
+    from experiments import report
+
+    obj = cfg.gate.objective
+    level = int(max(cfg.benchmark.concurrency)) if obj.concurrency == "max" else int(obj.concurrency)
+    mlflow.log_figure(report.waterfall(outcomes, obj.metric, obj.stat, level), "plots/ladder_waterfall.png")
+    mlflow.log_figure(report.latency_vs_load(outcomes[0], champion), "plots/latency_vs_concurrency.png")
+    mlflow.log_figure(report.pareto(outcomes, obj.metric, obj.stat, level), "plots/pareto_latency_accuracy.png")
 
 
 def _diagnose_model_layer(cand: Candidate, cfg: DictConfig) -> None:

@@ -66,7 +66,10 @@ def test_artefacts_and_params_are_recorded(sweep):
     _, client, runs, _ = sweep
     parent = next(r for r in runs if r.data.tags.get("roi.kind") == "sweep")
     top = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"config", "env.json", "summary.md"} <= top
+    assert {"config", "env.json", "summary.md", "plots", "diagnosis", "capacity"} <= top
+    plots = {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
+    assert plots == {"plots/ladder_waterfall.png", "plots/latency_vs_concurrency.png",
+                     "plots/pareto_latency_accuracy.png"}
     base = next(r for r in runs if r.data.tags.get("roi.rung") == "baseline")
     assert {a.path for a in client.list_artifacts(base.info.run_id, "benchmark")} == {"benchmark/samples.csv"}
     assert client.list_artifacts(base.info.run_id, "accuracy/tiny_llm_nextline")
