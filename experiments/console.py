@@ -49,7 +49,7 @@ class SweepConsole:
 
     def summary(self, result, top: int, tracking_uri: str) -> None:
         table = Table(title="ROI ladder", show_lines=True)
-        for col in ("rung", "verdict", f"TTFT p50 ms (c=1)", "TPOT p50 ms (c=1)", f"tokens/s (c={top})",
+        for col in ("rung", "verdict", "TTFT p50 ms (c=1)", "TPOT p50 ms (c=1)", f"tokens/s (c={top})",
                     "accuracy", "reason"):
             table.add_column(col, overflow="fold")
         for o in result.outcomes:

@@ -2,7 +2,6 @@ from pathlib import Path
 
 import pytest
 from hydra.errors import ConfigCompositionException
-from omegaconf import OmegaConf
 
 from conftest import compose
 from experiments.errors import ConfigError

@@ -21,7 +21,7 @@ def main() -> None:
     for name, cand in cands.items():
         engine = build_engine(cand, threads, artefacts)
         lv = run_benchmark(engine, workload, cfg).levels[0]
-        params = sum(p.numel() for p in _torch_model(cand).parameters())
+        params = _parameter_count(cand)
         rows[name] = {"ttft": lv.stats["ttft_ms"].p50.value, "tpot": lv.stats["tpot_ms"].p50.value,
                       "tps": lv.output_tokens_per_s, "bytes": engine.artefact_bytes(),
                       "bits": _weight_bits(engine, cand, params)}
@@ -38,10 +38,14 @@ def main() -> None:
     console.print(table)
 
 
-def _torch_model(cand):
+def _parameter_count(cand) -> int:
+    """Counted on the meta device: the shapes are all that is needed, no weights are allocated."""
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cand.target.model_dir))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cand.target.model_dir))
+    return sum(p.numel() for p in model.parameters())
 
 
 def _weight_bits(engine, cand, params: int) -> float:
