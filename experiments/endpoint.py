@@ -1,0 +1,115 @@
+"""`roi-ladder serve`: a candidate (baseline + named rungs) as an OpenAI-compatible endpoint; and
+`roi-ladder bench --endpoint`: the target's workload and load ladder against any such endpoint, logged to MLflow."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+from omegaconf import DictConfig, OmegaConf
+
+from experiments import tracking
+from experiments.benchmark import BenchmarkReport, Workload, check_load, run_ladder, serve
+from experiments.errors import ConfigError
+from experiments.ladder import load_rungs
+from experiments.targets import resolve
+from optimizers.base import Candidate, Env
+
+# Sampled in this process, which for an endpoint run is the load generator, not the server.
+CLIENT_SIDE_METRICS = ("cpu_percent", "rss_mb_max")
+
+
+# --- serve ------------------------------------------------------------------------------------------------
+def candidate(cfg: DictConfig, rung_names: list[str], progress) -> Candidate:
+    """The ladder's baseline, then each named rung of the configured ladder in the order given."""
+    rungs = dict(load_rungs(cfg))
+    unknown = [n for n in rung_names if n not in rungs]
+    if unknown:
+        raise ConfigError(f"--rungs names {', '.join(unknown)}, not in the configured ladder",
+                          f"use some of: {', '.join(rungs)} (or pick another ladder=...)")
+    (base_name, base), *_ = rungs.items()
+    target, _, _ = resolve(cfg.target, Path(cfg.cache_dir), Path(cfg.data_dir), progress)
+    cand, env = base.apply(Candidate(target)), Env.detect()
+    for name in rung_names:
+        if name == base_name:
+            continue
+        if reason := rungs[name].check(env, cand):
+            raise ConfigError(f"rung {name!r} does not apply to {' + '.join(cand.rungs)}: {reason}",
+                              "drop it from --rungs, or name the rungs it builds on before it "
+                              "(e.g. --rungs onnxruntime,dynamic_batching)")
+        cand = rungs[name].apply(cand)
+    return cand
+
+
+def serve_candidate(cfg: DictConfig, rung_names: list[str], host: str, port: int, console) -> None:
+    """Build the candidate's engine and serve it until Ctrl-C."""
+    from transformers import AutoTokenizer
+
+    from experiments.serving import build_engine
+    from experiments.serving.http_server import bind, create_app, exposure_warning, run_forever, url_of
+
+    sock = bind(host, port)            # a port in use fails now, not after the engine build
+    engine = server = None
+    try:
+        with console.stage("building the candidate"):
+            cand = candidate(cfg, rung_names, console.note)
+            engine = build_engine(cand, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
+            server = serve(engine)
+            tokenizer = AutoTokenizer.from_pretrained(cand.target.model_dir)
+        recipe = cand.recipe
+        console.console.print(f"serving [bold]{cand.target.name}[/bold] ({' + '.join(cand.rungs)}: {recipe.engine}, "
+                              f"{recipe.precision}, batching {recipe.batching}) on {url_of(sock)}/v1 — Ctrl-C stops")
+        if warning := exposure_warning(host):
+            console.console.print(f"[bold yellow]warning:[/bold yellow] {warning}")
+        run_forever(create_app(server, tokenizer, cand.target.name), sock)
+    finally:
+        if server is not None:
+            server.close()
+        if engine is not None:
+            engine.close()
+        sock.close()
+
+
+# --- bench ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EndpointBench:
+    report: BenchmarkReport
+    model: str
+    run_id: str
+
+
+def bench_endpoint(cfg: DictConfig, url: str, model: str | None, prompt_format: str, console) -> EndpointBench:
+    from transformers import AutoTokenizer
+
+    from experiments.serving.http_client import EndpointServer
+
+    check_load(cfg.benchmark)
+    if int(cfg.target.workload.prompts) < 1:
+        raise ConfigError(f"target.workload.prompts is {cfg.target.workload.prompts}: the workload has no prompts",
+                          "set target.workload.prompts to 1 or more")
+    experiment_id = tracking.connect(cfg.tracking)
+    with console.stage("target: loading the workload"):
+        target, texts, _ = resolve(cfg.target, Path(cfg.cache_dir), Path(cfg.data_dir), console.note)
+        tokenizer = AutoTokenizer.from_pretrained(target.model_dir)
+        wl = cfg.target.workload
+        workload = Workload.from_texts(texts, tokenizer, wl.input_tokens, wl.output_tokens, int(wl.prompts),
+                                       max(8, cfg.benchmark.warmup_requests), cfg.seed)
+    server = EndpointServer(url, model, prompt_format, tokenizer, timeout_s=float(cfg.benchmark.request_timeout_s))
+    try:
+        with console.stage(f"load ladder against {server.url} ({server.model})") as st:
+            report = run_ladder(server, workload, cfg.benchmark, cfg.gate.confidence,
+                                on_level=lambda c: st.update(f"{server.url}: load at {c}"))
+    finally:
+        server.close()
+    tags = {"roi.kind": "endpoint-bench", "roi.endpoint": server.url, "roi.model": server.model,
+            "roi.target": target.name, "roi.prompt_format": prompt_format, "git_commit": tracking.git_commit(),
+            "roi.queue_model_split": "not observable behind an endpoint"}
+    with tracking.run("endpoint-bench", experiment_id, tags=tags) as run:
+        tracking.log_params(tracking.flatten({"benchmark": OmegaConf.to_container(cfg.benchmark, resolve=True),
+                                              "workload": OmegaConf.to_container(wl, resolve=True),
+                                              "endpoint": server.url, "model": server.model}))
+        tracking.log_series({(f"client_{k}" if k in CLIENT_SIDE_METRICS else k): v
+                             for k, v in report.metric_series().items()})
+        mlflow.log_text(report.samples_csv(), "benchmark/samples.csv")
+        mlflow.set_tags({f"validity.{k}": str(v) for k, v in report.validity().items()})
+    return EndpointBench(report, server.model, run.info.run_id)

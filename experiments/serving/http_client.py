@@ -1,0 +1,203 @@
+"""An OpenAI-compatible endpoint (ours from `roi-ladder serve`, or vLLM, TGI, ...) as the benchmark's server.
+
+submit() hands the request to an asyncio loop in a background thread and returns at once, so the load loops
+drive it as they drive an in-process server and the load generator does not become the bottleneck. Every
+request streams (SSE) and each chunk is stamped as it arrives: one chunk is one token, as vLLM and our
+server stream. What happens inside the endpoint (queueing vs compute) is not observable from here, so
+`engine_start` stays None and queue/model time are absent from the results rather than invented.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import aiohttp
+
+from experiments.benchmark import Prompt, RequestRecord
+from experiments.errors import ConfigError
+
+PROMPT_FORMATS = ("ids", "text")
+START_HINT = "start one with `roi-ladder serve` or check the URL"
+
+
+class MalformedStream(Exception):
+    pass
+
+
+class EndpointFailed(Exception):
+    pass
+
+
+class EndpointServer:
+    """submit(prompt) -> RequestRecord and close(), like SequentialServer, over HTTP."""
+
+    def __init__(self, url: str, model: str | None = None, prompt_format: str = "ids", tokenizer=None,
+                 timeout_s: float = 30.0, probe_timeout_s: float = 5.0):
+        """Probes GET /v1/models before any load; `model` defaults to the first model the endpoint lists.
+        prompt_format "text" sends the prompts decoded by `tokenizer` (the endpoint tokenizes them again)."""
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"endpoint URL {url!r} is not an http(s) URL", "e.g. --endpoint http://127.0.0.1:8000")
+        if prompt_format not in PROMPT_FORMATS:
+            raise ConfigError(f"prompt format {prompt_format!r} is unknown", f"use one of {', '.join(PROMPT_FORMATS)}")
+        if prompt_format == "text" and tokenizer is None:
+            raise ConfigError("prompt format 'text' needs the target's tokenizer", "pass tokenizer=...")
+        self.url = url.rstrip("/").removesuffix("/v1")   # the OpenAI client's base URL works too
+        self.prompt_format, self.tokenizer, self.timeout_s = prompt_format, tokenizer, timeout_s
+        self._texts: dict[int, str] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="roi-endpoint-client", daemon=True)
+        self._thread.start()
+        try:
+            self.model = self._call(self._open(model, probe_timeout_s))
+        except BaseException:
+            self.close()
+            raise
+
+    def submit(self, prompt: Prompt, intended: float | None = None) -> RequestRecord:
+        rec = RequestRecord.arriving(prompt, intended)
+        asyncio.run_coroutine_threadsafe(self._request(rec), self._loop)
+        return rec
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._call(self._shutdown())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+        self._loop.close()
+
+    # --- in the client's loop -----------------------------------------------------------------------------
+    def _call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _open(self, model: str | None, probe_timeout_s: float) -> str:
+        # No connection limit: the load loops decide how many requests are in flight.
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                              timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        unreachable = f"endpoint {self.url} is unreachable"
+        try:
+            async with self._session.get(f"{self.url}/v1/models",
+                                         timeout=aiohttp.ClientTimeout(total=probe_timeout_s)) as resp:
+                body = await resp.text(errors="replace")
+        except asyncio.TimeoutError:
+            raise ConfigError(f"{unreachable}: no answer to GET /v1/models within {probe_timeout_s:g} s",
+                              START_HINT) from None
+        except aiohttp.ClientError as exc:
+            raise ConfigError(f"{unreachable}: {_reason(exc)}", START_HINT) from None
+        if resp.status != 200:
+            raise ConfigError(f"{unreachable}: GET /v1/models answered HTTP {resp.status}: {_excerpt(body)}",
+                              START_HINT)
+        try:
+            served = [m["id"] for m in json.loads(body)["data"]]
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError(f"endpoint {self.url} answered GET /v1/models with no OpenAI model list: "
+                              f"{_excerpt(body)}", "point --endpoint at an OpenAI-compatible server") from None
+        if model is None:
+            if not served:
+                raise ConfigError(f"endpoint {self.url} lists no models", "pass --model NAME")
+            return served[0]
+        if model not in served:
+            raise ConfigError(f"endpoint {self.url} does not serve model {model!r} (it lists: "
+                              f"{', '.join(served) or 'none'})", "pass --model with one of those")
+        return model
+
+    async def _shutdown(self) -> None:
+        pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    async def _request(self, rec: RequestRecord) -> None:
+        body = {"model": self.model, "prompt": self._prompt(rec.prompt), "max_tokens": rec.prompt.max_new_tokens,
+                "stream": True, "ignore_eos": True, "temperature": 0.0}
+        # Stamped again here: the send lag then includes any time this loop took to get to the request.
+        rec.sent = time.perf_counter()
+        try:
+            async with self._session.post(f"{self.url}/v1/completions", json=body) as resp:
+                if resp.status != 200:
+                    rec.error = f"HTTP {resp.status}: {_excerpt(await resp.text(errors='replace'))}"
+                    return
+                await self._read_stream(rec, resp)
+        except MalformedStream as exc:
+            rec.error = f"malformed SSE: {exc}"
+        except EndpointFailed as exc:
+            rec.error = f"endpoint error: {exc}"
+        except asyncio.TimeoutError:
+            rec.timed_out = True
+        except aiohttp.ClientError as exc:
+            rec.error = f"connection error: {_reason(exc)}"
+        except Exception as exc:  # counted and shown, never a request that silently produced nothing
+            rec.error = f"client error: {type(exc).__name__}: {exc}"
+        finally:
+            rec.done.set()
+
+    def _prompt(self, prompt: Prompt) -> list[int] | str:
+        if self.prompt_format == "ids":
+            return list(prompt.token_ids)
+        if prompt.id not in self._texts:
+            self._texts[prompt.id] = self.tokenizer.decode(prompt.token_ids)
+        return self._texts[prompt.id]
+
+    async def _read_stream(self, rec: RequestRecord, resp: aiohttp.ClientResponse) -> None:
+        """Server-sent events: `data:` lines, a blank line ends an event; the stream ends with data: [DONE]."""
+        if not resp.content_type.startswith("text/event-stream"):
+            raise MalformedStream(f"the endpoint answered {resp.content_type or 'no content type'}, "
+                                  "not text/event-stream")
+        data: list[str] = []
+        arrived = 0.0
+        async for raw in resp.content:
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError:
+                raise MalformedStream(f"a line that is not UTF-8: {raw[:60]!r}") from None
+            if line.startswith("data:"):
+                if not data:
+                    arrived = time.perf_counter()
+                data.append(line[5:].removeprefix(" "))
+            elif not line and data:
+                payload, data = "\n".join(data), []
+                if payload == "[DONE]":
+                    if not rec.token_times:   # else it would be neither ok nor an error: invisible in the rates
+                        raise EndpointFailed("the stream ended with no tokens")
+                    return
+                _on_chunk(rec, payload, arrived)
+                if rec.cancelled:             # the load loop gave up on it (timeout)
+                    return
+            # other lines (comments, event:, id:, retry:) carry nothing the benchmark uses
+        raise MalformedStream("the stream ended without data: [DONE]")
+
+
+def _on_chunk(rec: RequestRecord, payload: str, arrived: float) -> None:
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        raise MalformedStream(f"a chunk that is not JSON: {_excerpt(payload)}") from None
+    if not isinstance(chunk, dict):
+        raise MalformedStream(f"a chunk that is not a JSON object: {_excerpt(payload)}")
+    if "error" in chunk:
+        err = chunk["error"]
+        raise EndpointFailed(_excerpt(err.get("message", err) if isinstance(err, dict) else err))
+    choices = chunk.get("choices")
+    if not isinstance(choices, list):
+        raise MalformedStream(f"a chunk without choices: {_excerpt(payload)}")
+    if choices:                               # [] with usage only: the closing summary, not a token
+        rec.token_times.append(arrived)
+
+
+def _reason(exc: aiohttp.ClientError) -> str:
+    os_error = getattr(exc, "os_error", None)
+    if isinstance(os_error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(os_error, socket.gaierror):
+        return f"unknown host ({os_error.strerror})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _excerpt(text, limit: int = 200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + " ..."
