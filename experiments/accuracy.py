@@ -1,6 +1,7 @@
 """Accuracy with lm-eval, run against the candidate in its own engine."""
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import logging
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 from lm_eval.api.model import TemplateLM
+
+from experiments.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -123,15 +126,44 @@ def mlflow_name(name: str) -> str:
     return re.sub(r"[^0-9A-Za-z_\-./ ]", "_", name)
 
 
+def check_tasks(tasks: list[str], include_path: Path | None) -> None:
+    """Every task is known to lm-eval or found in the include_path folder (which must exist)."""
+    if include_path is not None and not Path(include_path).is_dir():
+        raise ConfigError(f"accuracy.include_path {include_path} is not a folder",
+                          "point it at an existing folder of lm-eval task YAMLs, or set it to null")
+    if not tasks:
+        raise ConfigError("accuracy.tasks is empty", "list at least one task, e.g. accuracy.tasks=[hellaswag]")
+    known = task_manager(tasks, include_path).all_tasks
+    unknown = [t for t in tasks if t not in known]
+    if unknown:
+        near = {t: difflib.get_close_matches(t, known, n=1) for t in unknown}
+        hints = "; ".join(f"did you mean {near[t][0]!r} for {t!r}" for t in unknown if near[t])
+        where = f"lm-eval's own tasks or {include_path}" if include_path else "lm-eval's own tasks"
+        raise ConfigError(f"unknown lm-eval task(s): {', '.join(unknown)} (searched {where})",
+                          (hints + "; otherwise " if hints else "") + "use a task lm-eval knows, or set "
+                          "accuracy.include_path to a folder holding its YAML")
+
+
+def task_manager(tasks: list[str], include_path: Path | None):
+    """The include_path folder alone when it holds every task: indexing lm-eval's own ~15,000 tasks takes
+    ~10 s on 2 cores, spent only when a task may be one of them (or a local group may name them)."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None:
+        local = TaskManager(include_path=str(include_path), include_defaults=False)
+        if set(tasks) <= set(local.all_subtasks):
+            return local
+    return TaskManager(include_path=str(include_path) if include_path else None)
+
+
 def evaluate(lm, tasks: list[str], metric: str, include_path: Path | None, limit: int | None,
              seed: int) -> list[AccuracyReport]:
     import lm_eval
-    from lm_eval.tasks import TaskManager
 
     for request_type in ("loglikelihood", "loglikelihood_rolling", "generate_until"):
         # lm-eval calls these without disable_tqdm; a bar per request type would bury the console.
         setattr(lm, request_type, functools.partial(getattr(lm, request_type), disable_tqdm=True))
-    manager = TaskManager(include_path=str(include_path) if include_path else None)
+    manager = task_manager(list(tasks), include_path)
     res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
                                   log_samples=True, random_seed=seed, numpy_random_seed=seed,
                                   torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=0)  # stderr from per-doc values below (paired later)

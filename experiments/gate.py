@@ -1,6 +1,8 @@
 """Challenger vs champion: every criterion with its numbers, never a bare boolean."""
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -8,7 +10,12 @@ from scipy import stats
 
 from experiments.accuracy import AccuracyReport
 from experiments.benchmark import BenchmarkReport
+from experiments.errors import ConfigError
 from experiments.stats import ratio_ci
+
+TOLERANCES = ("max_drop_abs", "max_drop_rel")
+# lm-eval's per-document metric name, as in its samples; results keys add a filter (`acc,none`).
+METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -75,18 +82,80 @@ class Gate:
         return Criterion("slos", True, "SLOs held", {"slos_lost": 0})
 
     def accuracy(self, champion: AccuracyReport, challenger: AccuracyReport) -> Criterion:
-        """Paired on the same documents: drop = mean(champion - challenger) per doc, upper bound vs tolerance."""
+        """Non-inferiority, paired on the same documents: drop = mean(champion - challenger) per doc.
+
+        Passes when the one-sided upper bound drop + z_needed * se stays within the tolerance, i.e. when
+        z = (tolerance - drop) / se >= z_needed: the drop is significantly below the tolerance.
+        """
         a, b = np.asarray(champion.per_doc), np.asarray(challenger.per_doc)
         if a.shape != b.shape:
             return Criterion("accuracy", False, f"{champion.task}: scored {len(b)} docs, champion {len(a)}")
         diff = a - b
         drop = float(diff.mean())
         se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
-        z = stats.norm.ppf(self.cfg.confidence)
-        upper = drop + z * se
-        tol = self.cfg.accuracy.max_drop_abs
+        z_needed = float(stats.norm.ppf(float(self.cfg.confidence)))
+        upper = drop + z_needed * se
+        tol, which = accuracy_tolerance(self.cfg.accuracy, champion.value)
         passed = upper <= tol
+        z = (tol - drop) / se if se > 0 else (math.inf if drop <= tol else -math.inf)
         detail = (f"{champion.task} {champion.metric} {challenger.value:.3f} vs {champion.value:.3f}: "
-                  f"drop {drop:+.3f} (upper {upper:+.3f}) {'<=' if passed else '>'} {tol}")
+                  f"drop {drop:+.3f} (se {se:.3f}, upper {upper:+.3f}) {'<=' if passed else '>'} {tol:.3f} "
+                  f"({which}); z {z:.2f} {'>=' if passed else '<'} {z_needed:.2f}")
         return Criterion("accuracy", passed, detail, {"drop": drop, "drop_se": se, "drop_upper": upper,
-                                                      "tolerance": tol})
+                                                      "tolerance": tol, "z": z, "z_needed": z_needed})
+
+
+def accuracy_tolerance(cfg_accuracy, champion_value: float) -> tuple[float, str]:
+    """(the stricter of the configured tolerances, in points of the metric; how it was derived)."""
+    found = tolerances(cfg_accuracy)
+    options = []
+    if "max_drop_abs" in found:
+        options.append((found["max_drop_abs"], f"max_drop_abs {found['max_drop_abs']:g}"))
+    if "max_drop_rel" in found:
+        rel = found["max_drop_rel"]
+        options.append((rel * abs(champion_value), f"max_drop_rel {rel:g} x {champion_value:.3f}"))
+    return min(options)
+
+
+def tolerances(cfg_accuracy) -> dict[str, float]:
+    """The tolerances that are set (null = unused), parsed and checked."""
+    found = {}
+    for key in TOLERANCES:
+        raw = cfg_accuracy.get(key)
+        if raw is None:
+            continue
+        value = _number(raw, f"gate.accuracy.{key}", "null to leave it unused")
+        if value < 0:
+            raise ConfigError(f"gate.accuracy.{key}={raw} is negative", "give the largest drop to tolerate, >= 0")
+        if key == "max_drop_rel" and value > 1:
+            raise ConfigError(f"gate.accuracy.max_drop_rel={raw} is more than the champion's whole value",
+                              "give a share of the champion's value: 0.05 tolerates a 5 % relative drop")
+        found[key] = value
+    if not found:
+        raise ConfigError("gate.accuracy sets no tolerance (max_drop_abs and max_drop_rel are both null)",
+                          "set gate.accuracy.max_drop_abs (points, e.g. 0.02) or max_drop_rel (share, e.g. 0.05)")
+    return found
+
+
+def check_config(cfg_gate) -> None:
+    """Cheap checks of conf/gate before any long work starts."""
+    confidence = _number(cfg_gate.get("confidence"), "gate.confidence", "e.g. 0.95")
+    if not 0 < confidence < 1:
+        raise ConfigError(f"gate.confidence={cfg_gate.confidence} is outside (0, 1)",
+                          "give a confidence level such as 0.95")
+    metric = cfg_gate.accuracy.get("metric")
+    if not isinstance(metric, str) or not METRIC_NAME.fullmatch(metric):
+        raise ConfigError(f"gate.accuracy.metric {metric!r} is not an lm-eval metric name",
+                          "give the per-document metric without a filter suffix, e.g. acc_mutual_info "
+                          "(not acc_mutual_info,none)")
+    tolerances(cfg_gate.accuracy)
+
+
+def _number(raw, key: str, hint: str) -> float:
+    try:
+        value = float(raw) if not isinstance(raw, bool) else math.nan
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise ConfigError(f"{key}={raw!r} is not a finite number", f"give a number ({hint})")
+    return value
