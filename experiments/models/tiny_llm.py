@@ -107,6 +107,17 @@ def _train_tokenizer(recipe: TinyLlmRecipe, corpus: Corpus, out: Path):
 
 
 # --- model ----------------------------------------------------------------------------------------------
+def adamw_warmup_cosine(model, lr: float, steps: int):
+    """AdamW with a 5 % linear warm-up, then cosine decay: the schedule both the build and distillation use."""
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    return opt, sched
+
+
 def _train_model(recipe: TinyLlmRecipe, corpus: Corpus, tokenizer, progress):
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -127,10 +138,7 @@ def _train_model(recipe: TinyLlmRecipe, corpus: Corpus, tokenizer, progress):
         stream.append(tokenizer.eos_token_id)
     data = torch.tensor(stream, dtype=torch.long)
     gen = torch.Generator().manual_seed(recipe.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01, betas=(0.9, 0.95))
-    warmup = max(1, recipe.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, recipe.steps) / recipe.steps)))
+    opt, sched = adamw_warmup_cosine(model, recipe.lr, recipe.steps)
     model.train()
     loss_ema = None
     for step in range(recipe.steps):

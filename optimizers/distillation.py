@@ -1,0 +1,136 @@
+"""Distillation: a student with fewer layers, taught by the champion's model — high cost, so evidence first.
+
+The seed keeps model-structure changes for when the model layer itself is the bottleneck: this rung runs only
+when, in the champion's benchmark, model compute dominates end-to-end time and the SLA is still unmet (or when
+`force` says so); otherwise it is skipped with the numbers. The student is an ordinary model folder, so the
+champion's recipe (engine, precision, batching, ...) runs it unchanged, and the same gate judges it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from optimizers.base import Candidate, Env, Optimizer
+
+log = logging.getLogger(__name__)
+NO_BENCH = "no benchmark of the champion to locate the bottleneck from"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the champion's benchmark says about the model layer, at its highest measured level."""
+    concurrency: int
+    model_ms: float            # mean engine compute per request
+    e2e_ms: float              # mean end-to-end latency per request
+    slos: tuple[str, ...]      # the SLOs measured against
+    missed: tuple[str, ...]    # "<slo> at c=<level>" for every miss
+    capacity: int | None       # the SLA-capacity search's answer, when it ran
+    capacity_ran: bool
+
+    @classmethod
+    def from_bench(cls, bench) -> "Evidence":
+        top = bench.levels[-1]
+        model, e2e = top.stats.get("model_ms"), top.stats.get("e2e_ms")
+        if model is None or e2e is None:
+            raise ValueError(f"the champion's benchmark has no model time at c={top.concurrency} "
+                             "(an external endpoint reports none): the bottleneck cannot be located")
+        missed = tuple(f"{slo.text} at c={lv.concurrency}" for lv in bench.levels for slo in bench.slos
+                       if not slo.met_by(lv))
+        cap = bench.capacity
+        return cls(top.concurrency, model.mean, e2e.mean, tuple(s.text for s in bench.slos), missed,
+                   None if cap is None else cap.concurrency, cap is not None)
+
+    @property
+    def model_share(self) -> float:
+        return self.model_ms / self.e2e_ms if self.e2e_ms > 0 else 0.0
+
+    @property
+    def sla_unmet(self) -> bool:
+        short = self.capacity_ran and (self.capacity is None or self.capacity < self.concurrency)
+        return bool(self.missed) or short
+
+    def describe_share(self) -> str:
+        return (f"model compute is {self.model_share:.0%} of mean E2E at c={self.concurrency} "
+                f"({self.model_ms:.1f} of {self.e2e_ms:.1f} ms)")
+
+    def describe_sla(self) -> str:
+        if not self.slos:
+            return "no SLOs are set (benchmark.slos), so nothing says the SLA is unmet"
+        if not self.sla_unmet:
+            return f"every SLO ({', '.join(self.slos)}) is met at every level up to c={self.concurrency}"
+        parts = [f"missed {', '.join(self.missed[:4])}{' ...' if len(self.missed) > 4 else ''}"] if self.missed else []
+        if self.capacity_ran and (self.capacity is None or self.capacity < self.concurrency):
+            parts.append(f"SLA capacity c={self.capacity} is below the top level c={self.concurrency}")
+        return "SLA unmet: " + "; ".join(parts)
+
+
+class Distillation(Optimizer):
+    name = "distillation"
+    cost = "high"
+    fidelity_gated = False   # a retrained student says other things by design: accuracy judges it
+
+    def __init__(self, student_layers: int, steps: int, seq_len: int, batch_size: int, lr: float,
+                 temperature: float, alpha: float, seed: int, threads: int, cache_dir: str,
+                 corpus_heldout_every: int | None, force: bool = False, model_share_min: float = 0.7):
+        from experiments.distill import DistillSettings
+
+        if not 0 < model_share_min <= 1:
+            raise ValueError(f"model_share_min must be in (0, 1], got {model_share_min}")
+        self.settings = DistillSettings(student_layers, steps, seq_len, batch_size, lr, temperature, alpha, seed)
+        self.threads, self.cache_dir = int(threads), Path(cache_dir)
+        self.corpus_heldout_every = corpus_heldout_every
+        self.force, self.model_share_min = bool(force), float(model_share_min)
+        self.evidence: Evidence | None = None
+        self.no_evidence = NO_BENCH   # why there is no evidence, while `evidence` is None
+        self.decision = ""         # why `check` let it run (forced, or the evidence), for the rung's record
+        self.result = None         # distill.DistillResult of the last apply
+
+    def observe(self, champion) -> None:
+        self.evidence, bench = None, getattr(champion, "bench", None)
+        if bench is None or not bench.levels:
+            self.no_evidence = NO_BENCH
+            return
+        try:
+            self.evidence = Evidence.from_bench(bench)
+        except ValueError as exc:
+            self.no_evidence = str(exc)
+
+    def check(self, env: Env, cand: Candidate) -> str | None:
+        self.decision = ""
+        if cand.target.kind != "causal-lm":
+            return f"distillation here trains causal LMs; the target is {cand.target.kind!r}"
+        if self.name in cand.rungs:
+            return "the champion is already a distilled student"
+        teacher_layers = json.loads((Path(cand.target.model_dir) / "config.json").read_text()).get("num_hidden_layers")
+        if not teacher_layers or self.settings.student_layers >= teacher_layers:
+            return (f"student_layers={self.settings.student_layers} is not fewer than the champion's "
+                    f"{teacher_layers} decoder layers")
+        if self.corpus_heldout_every is None:
+            return f"no training text for target {cand.target.name!r} (only the built-in target ships its corpus)"
+        if self.force:
+            seen = f"{self.evidence.describe_share()}; {self.evidence.describe_sla()}" if self.evidence \
+                else self.no_evidence
+            self.decision = f"forced (force: true) regardless of the evidence: {seen}"
+            return None
+        if self.evidence is None:
+            return self.no_evidence
+        ev = self.evidence
+        if ev.model_share < self.model_share_min:
+            return (f"the model layer is not the bottleneck: {ev.describe_share()}, below model_share_min "
+                    f"{self.model_share_min:.0%}; {ev.describe_sla()}")
+        if not ev.sla_unmet:
+            return f"nothing to gain from a smaller model: {ev.describe_sla()} ({ev.describe_share()})"
+        self.decision = f"the model layer is the bottleneck: {ev.describe_share()}; {ev.describe_sla()}"
+        return None
+
+    def apply(self, cand: Candidate) -> Candidate:
+        from experiments.distill import distill
+        from experiments.models.corpus import Corpus
+
+        texts = Corpus.from_stdlib(int(self.corpus_heldout_every)).train
+        self.result = distill(Path(cand.target.model_dir), texts, self.settings, self.cache_dir, self.threads,
+                              log.info)
+        student = replace(cand.target, model_dir=self.result.path)
+        return replace(cand.edited(self.name), target=student)
