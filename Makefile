@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 # Hydra overrides: `make sweep profile=quick target=tiny-llm` or `make sweep ARGS="gate.min_gain=0.1"`.
 OVERRIDES := $(foreach v,target profile ladder gate benchmark tracking,$(if $($(v)),$(v)=$($(v)))) $(ARGS)
 
-.PHONY: setup sweep ui test test-fast bench promote rollback status clean
+.PHONY: setup sweep ui test test-fast bench bench-gpu bench-gate promote rollback status clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -49,6 +49,15 @@ test-fast: setup
 bench: setup
 	$(BIN)/python -m experiments.benchmarks.harness
 	$(BIN)/python -m experiments.benchmarks.rungs
+
+# On a CUDA machine (pip install -e '.[gpu]' there): TensorRT, CUDA Graph, FP16, INT4, FP8, paged batching.
+bench-gpu: setup
+	$(BIN)/python -m experiments.benchmarks.gpu_rungs
+
+# Does the gate decide right? A/A, an injected 10 % slowdown and an injected accuracy drop, judged by the
+# gate from conf/ (~7 min on 2 cores; ARGS="--quick" for a ~2-minute smoke run, or ARGS="--n 40").
+bench-gate: setup
+	$(BIN)/python -m experiments.benchmarks.gate_quality $(ARGS)
 
 clean:
 	rm -rf .roi outputs multirun

@@ -39,22 +39,40 @@ class Workload:
 
     @classmethod
     def from_texts(cls, texts: list[str], tokenizer, input_tokens, output_tokens, count: int,
-                   warmup_count: int, seed: int) -> "Workload":
-        """Windows of held-out text cut to a mix of input lengths, each with a mix of output lengths."""
+                   warmup_count: int, seed: int, shared_prefix_tokens: int = 0) -> "Workload":
+        """Windows of held-out text cut to a mix of input lengths, each with a mix of output lengths.
+
+        shared_prefix_tokens > 0 puts the same leading tokens (a "system prompt") before every prompt, input
+        lengths counting after it: the load that shows what prefix caching saves."""
         rng = random.Random(seed)
         stream = [t for text in texts for t in tokenizer.encode(text, add_special_tokens=False)]
-        longest = max(input_tokens)
+        longest = max(input_tokens) + shared_prefix_tokens
+        if not input_tokens or not output_tokens or count < 1:
+            raise ValueError("a workload needs input and output lengths and at least one prompt")
         if len(stream) <= longest + 1:
             raise ValueError(f"workload text has {len(stream)} tokens; need more than {longest + 1}")
+        start = rng.randrange(0, len(stream) - shared_prefix_tokens) if shared_prefix_tokens else 0
+        prefix = tuple(stream[start:start + shared_prefix_tokens])
         prompts = []
         for i in range(count + warmup_count):
             n_in = rng.choice(list(input_tokens))
             start = rng.randrange(0, len(stream) - n_in)
-            prompts.append(Prompt(i, tuple(stream[start:start + n_in]), rng.choice(list(output_tokens))))
+            prompts.append(Prompt(i, prefix + tuple(stream[start:start + n_in]), rng.choice(list(output_tokens))))
         return cls(prompts=tuple(prompts[:count]), warmup=tuple(prompts[count:]))
 
 
 # --- one request's life -----------------------------------------------------------------------------------
+class TokenList(list):
+    """A request's token ids. Servers append to it directly; `listener`, when set, is called (in the server's
+    thread) after each append, so an HTTP handler can stream every token as it is produced."""
+    listener = None
+
+    def append(self, token) -> None:
+        super().append(token)
+        if self.listener is not None:
+            self.listener()
+
+
 @dataclass
 class RequestRecord:
     prompt: Prompt
@@ -62,7 +80,7 @@ class RequestRecord:
     sent: float = 0.0                  # when the load generator actually handed it over
     engine_start: float | None = None
     token_times: list[float] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=TokenList)
     model_s: float = 0.0
     error: str | None = None
     timed_out: bool = False
@@ -82,9 +100,10 @@ class RequestRecord:
     def metrics(self) -> dict[str, float]:
         t = self.token_times
         m = {"e2e_ms": (t[-1] - self.arrival) * 1e3, "ttft_ms": (t[0] - self.arrival) * 1e3,
-             "queue_ms": (self.engine_start - self.arrival) * 1e3, "model_ms": self.model_s * 1e3,
              "output_tokens": len(t), "input_tokens": len(self.prompt.token_ids),
              "send_lag_ms": (self.sent - self.arrival) * 1e3}
+        if self.engine_start is not None:   # unknown behind an external endpoint: absent, not faked
+            m.update(queue_ms=(self.engine_start - self.arrival) * 1e3, model_ms=self.model_s * 1e3)
         if len(t) > 1:
             m["tpot_ms"] = (t[-1] - t[0]) * 1e3 / (len(t) - 1)
         return m
@@ -128,15 +147,36 @@ class SequentialServer:
 
 # --- resource sampling ------------------------------------------------------------------------------------
 class ResourceSampler:
-    """CPU utilisation and RSS of this (serving) process, sampled in the background."""
+    """CPU utilisation and RSS of this (serving) process, GPU utilisation and memory through NVML when a CUDA
+    device is present, and the KV blocks a paged-cache server holds, sampled in the background."""
 
-    def __init__(self, interval_s: float = 0.25):
+    def __init__(self, interval_s: float = 0.25, kv_probe=None):
         self.interval_s = interval_s
         self.cpu: list[float] = []
         self.rss_mb: list[float] = []
+        self.gpu_util: list[float] = []
+        self.gpu_mem_mb: list[float] = []
+        self.kv_mb: list[float] = []
+        self.gpu_skipped = ""
+        self._kv_probe = kv_probe
         self._stop = threading.Event()
         self._proc = psutil.Process()
+        self._gpu = self._nvml_handle()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _nvml_handle(self):
+        import torch
+
+        if not torch.cuda.is_available():
+            self.gpu_skipped = "no CUDA device: GPU sampling not applicable here"
+            return None
+        try:
+            import pynvml
+        except ImportError:
+            self.gpu_skipped = "nvidia-ml-py is not installed (pip install -e '.[gpu]')"
+            return None
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
 
     def __enter__(self):
         self._proc.cpu_percent(None)
@@ -147,10 +187,26 @@ class ResourceSampler:
         while not self._stop.wait(self.interval_s):
             self.cpu.append(self._proc.cpu_percent(None))
             self.rss_mb.append(self._proc.memory_info().rss / 2**20)
+            if self._gpu is not None:
+                import pynvml
+
+                self.gpu_util.append(float(pynvml.nvmlDeviceGetUtilizationRates(self._gpu).gpu))
+                self.gpu_mem_mb.append(pynvml.nvmlDeviceGetMemoryInfo(self._gpu).used / 2**20)
+            usage = self._kv_probe() if self._kv_probe else None
+            if usage is not None:
+                self.kv_mb.append(usage.mb_in_use)
 
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+
+    def summary(self) -> dict[str, float | None]:
+        mean = lambda xs: float(np.mean(xs)) if xs else None  # noqa: E731
+        peak = lambda xs: float(max(xs)) if xs else None  # noqa: E731
+        return {"cpu_percent_mean": mean(self.cpu) or 0.0,
+                "rss_mb_max": peak(self.rss_mb) or psutil.Process().memory_info().rss / 2**20,
+                "gpu_util_mean": mean(self.gpu_util), "gpu_mem_mb_max": peak(self.gpu_mem_mb),
+                "kv_mb_max": peak(self.kv_mb)}
 
 
 # --- one concurrency level --------------------------------------------------------------------------------
@@ -165,6 +221,9 @@ class LevelReport:
     min_requests_met: bool
     offered_qps: float | None = None   # open loop only: the arrival rate asked for
     started: float = 0.0
+    gpu_util_mean: float | None = None  # NVML, when a CUDA device is present
+    gpu_mem_mb_max: float | None = None
+    kv_mb_max: float | None = None     # paged KV cache: the most KV memory the sequences held at once
 
     def validity(self, windows: int = 5, tolerance: float = 0.10) -> dict[str, bool]:
         """ARCHITECTURE.md's rules: stable = last 3 windows within +-10 % (throughput and P50 E2E);
@@ -239,15 +298,13 @@ def run_level(server: SequentialServer, workload: Workload, load: float, cfg, co
                             cfg.request_timeout_s)
 
     drive(workload.warmup, cfg.warmup_requests, cfg.get("warmup_s", 0.0))
-    with ResourceSampler() as sampler:
+    with ResourceSampler(kv_probe=getattr(server, "kv_usage", None)) as sampler:
         started = time.perf_counter()
         records = drive(workload.prompts, cfg.min_requests, cfg.min_duration_s)
         duration = time.perf_counter() - started
     level = LevelReport(concurrency=int(round(load)), duration_s=duration, records=tuple(records), stats={},
-                        cpu_percent_mean=float(np.mean(sampler.cpu)) if sampler.cpu else 0.0,
-                        rss_mb_max=float(max(sampler.rss_mb, default=psutil.Process().memory_info().rss / 2**20)),
                         min_requests_met=len(records) >= cfg.min_requests,
-                        offered_qps=float(load) if open_loop else None, started=started)
+                        offered_qps=float(load) if open_loop else None, started=started, **sampler.summary())
     level.stats.update({m: LatencyStats.from_samples(level.values(m), confidence) for m in LATENCY_METRICS})
     return level
 
@@ -303,6 +360,25 @@ def _closed_loop(server, prompts, concurrency, min_requests, min_s, max_s, timeo
     return records
 
 
+def check_load(bench) -> None:
+    """The load settings, checked before anything is built or sent."""
+    from experiments.errors import ConfigError
+    from experiments.slo import parse_all
+
+    slos = parse_all(bench.slos)
+    if bench.mode not in ("closed", "open"):
+        raise ConfigError(f"benchmark.mode {bench.mode!r} is unknown", "use closed or open")
+    levels = list(bench.concurrency)
+    if not levels or any(int(c) != c or int(c) < 1 for c in levels):
+        raise ConfigError(f"benchmark.concurrency must list integers >= 1, got {levels}",
+                          "e.g. benchmark.concurrency=[1,2,4]")
+    if bench.mode == "open" and (not list(bench.rates) or any(float(r) <= 0 for r in bench.rates)):
+        raise ConfigError(f"benchmark.rates must list rates > 0 requests/s, got {list(bench.rates)}",
+                          "e.g. benchmark.rates=[2,4,8]")
+    if bench.sla_search and not slos:
+        raise ConfigError("benchmark.sla_search=true needs SLOs", "set benchmark.slos=[p99_e2e_ms<=500]")
+
+
 # --- the whole ladder -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class BenchmarkReport:
@@ -343,6 +419,9 @@ class BenchmarkReport:
                 put("goodput_rps", c, goodput)
                 put("slo_attainment", c, attainment)
             put("rss_mb_max", c, lv.rss_mb_max)
+            put("gpu_util_percent", c, lv.gpu_util_mean)
+            put("gpu_mem_mb_max", c, lv.gpu_mem_mb_max)
+            put("kv_mb_in_use_max", c, lv.kv_mb_max)
         if self.capacity is not None and self.capacity.concurrency is not None:
             put("sla_capacity_concurrency", 0, self.capacity.concurrency)
         return out
@@ -372,6 +451,11 @@ def serve(engine: Engine):
     recipe = getattr(engine, "recipe", None)
     if recipe is None or recipe.batching == "none":
         return SequentialServer(engine)
+    if recipe.batching == "continuous" and engine.name == "torch":
+        from experiments.serving.continuous import ContinuousServer
+
+        return ContinuousServer(engine, recipe.max_tokens_per_step, recipe.kv_block_size, recipe.kv_num_blocks,
+                                recipe.prefix_caching)
     from experiments.serving.batching import BatchingServer
 
     return BatchingServer(engine, recipe.batching, recipe.max_batch, recipe.max_wait_ms)
@@ -380,11 +464,23 @@ def serve(engine: Engine):
 def run_benchmark(engine: Engine, workload: Workload, cfg, confidence: float = 0.95,
                   on_level=lambda c: None) -> BenchmarkReport:
     """The load ladder (concurrency, or rates in open-loop mode), then the SLA-capacity search if asked."""
+    server = serve(engine)
+    try:
+        return run_ladder(server, workload, cfg, confidence, on_level)
+    finally:
+        server.close()
+
+
+def run_ladder(server, workload: Workload, cfg, confidence: float = 0.95,
+               on_level=lambda c: None) -> BenchmarkReport:
+    """run_benchmark over a server that is already up (in-process, or an HTTP endpoint); the caller closes it."""
+    from experiments.errors import ConfigError
     from experiments.slo import parse_all, sla_capacity
 
     slos = parse_all(cfg.get("slos"))
+    if not workload.prompts:
+        raise ConfigError("the workload has no prompts", "set target.workload.prompts to 1 or more")
     open_loop = cfg.get("mode", "closed") == "open"
-    server = serve(engine)
     measured: dict[int, LevelReport] = {}
 
     def measure(load):
@@ -393,12 +489,9 @@ def run_benchmark(engine: Engine, workload: Workload, cfg, confidence: float = 0
         measured[level.concurrency] = level
         return level
 
-    try:
-        for load in (cfg.rates if open_loop else cfg.concurrency):
-            measure(float(load) if open_loop else int(load))
-        capacity = None
-        if cfg.get("sla_search") and not open_loop:
-            capacity = sla_capacity(lambda c: measured.get(c) or measure(c), list(cfg.concurrency), slos)
-        return BenchmarkReport(tuple(measured[k] for k in sorted(measured)), tuple(slos), capacity)
-    finally:
-        server.close()
+    for load in (cfg.rates if open_loop else cfg.concurrency):
+        measure(float(load) if open_loop else int(load))
+    capacity = None
+    if cfg.get("sla_search") and not open_loop:
+        capacity = sla_capacity(lambda c: measured.get(c) or measure(c), list(cfg.concurrency), slos)
+    return BenchmarkReport(tuple(measured[k] for k in sorted(measured)), tuple(slos), capacity)

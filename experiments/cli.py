@@ -1,4 +1,4 @@
-"""`roi-ladder`: sweep (a Hydra app), ui."""
+"""`roi-ladder`: sweep (a Hydra app), ui, the registry commands, serve and bench --endpoint."""
 from __future__ import annotations
 
 import os
@@ -14,6 +14,10 @@ USAGE = """usage: roi-ladder COMMAND [hydra overrides]
   rollback  [--to VERSION] [--reason TEXT] [--name NAME]  move `champion` back (default: to its rollback_to)
   status    [--name NAME]  the champion and the versions a rollback would restore, newest first
   capacity  [--run RUN]  the capacity and cost plan of a rung run (default: the latest sweep's champion)
+  serve     [--rungs onnxruntime,dynamic_batching] [--host 127.0.0.1] [--port 8000]  the baseline plus those
+            rungs as an OpenAI-compatible endpoint (/v1/completions, /v1/models, /health) until Ctrl-C
+  bench     --endpoint URL [--model NAME] [--prompt-format ids|text]  the target's workload over the
+            benchmark.* load ladder against an OpenAI-compatible endpoint; logged as run `endpoint-bench`
 """
 
 
@@ -30,6 +34,8 @@ def main() -> None:
         _sweep_app()
     elif command in REGISTRY_COMMANDS:
         sys.exit(_registry_command(command, rest))
+    elif command in HTTP_COMMANDS:
+        sys.exit(_http_command(command, rest))
     elif command == "ui":
         from experiments.console import quiet_libraries
         from experiments.ui import serve_ui
@@ -84,6 +90,58 @@ def _registry_command(command: str, argv: list[str]) -> int:
     except (ConfigError, HydraException) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+HTTP_COMMANDS = ("serve", "bench")
+
+
+def _http_command(command: str, argv: list[str]) -> int:
+    """serve / bench --endpoint: flags via argparse, everything else is a Hydra override."""
+    import argparse
+
+    from hydra.errors import HydraException
+
+    from experiments import endpoint
+    from experiments.console import SweepConsole, level_table, quiet_libraries
+    from experiments.errors import ConfigError
+    from experiments.serving.http_client import PROMPT_FORMATS
+    from experiments.serving.http_server import DEFAULT_HOST
+
+    parser = argparse.ArgumentParser(prog=f"roi-ladder {command}", allow_abbrev=False,
+                                     epilog="other arguments are Hydra overrides, e.g. benchmark.concurrency=[1,4]")
+    if command == "serve":
+        parser.add_argument("--rungs", default="", help="rungs of the configured ladder to apply on top of the "
+                                                        "baseline, comma-separated, in order (default: none)")
+        parser.add_argument("--host", default=DEFAULT_HOST,
+                            help=f"address to listen on (default {DEFAULT_HOST}; another one exposes the model)")
+        parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    else:
+        parser.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+        parser.add_argument("--model", help="model to ask for (default: the first one the endpoint lists)")
+        parser.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="ids",
+                            help="send token ids (exact prompts; default) or their text (any tokenizer)")
+    args, overrides = parser.parse_known_args(argv)
+    quiet_libraries()
+    ui = SweepConsole()
+    try:
+        cfg = _compose(overrides)
+        if command == "serve":
+            try:
+                endpoint.serve_candidate(cfg, [r.strip() for r in args.rungs.split(",") if r.strip()], args.host,
+                                         args.port, ui)
+            except KeyboardInterrupt:
+                pass
+            ui.console.print("stopped.")
+        else:
+            result = endpoint.bench_endpoint(cfg, args.endpoint, args.model, args.prompt_format, ui)
+            ui.console.print(level_table(result.report, f"{args.endpoint} · {result.model}"))
+            ui.console.print(f"Logged run endpoint-bench ({result.run_id}) to {cfg.tracking.uri}.")
+    except (ConfigError, HydraException) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 

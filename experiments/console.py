@@ -42,6 +42,9 @@ class SweepConsole:
             yield _Stage(status)
         self.console.print(f"  [dim]{title} ({time.perf_counter() - started:.1f} s)[/dim]")
 
+    def levels(self, name: str, bench) -> None:
+        self.console.print(level_table(bench, f"{name}: load ladder"))
+
     def rung_done(self, outcome, top: int) -> None:
         style = VERDICT_STYLE.get(outcome.verdict.status, "")
         self.console.print(f"[bold]{outcome.name}[/bold]: [{style}]{outcome.verdict.status}[/{style}] "
@@ -64,6 +67,45 @@ class SweepConsole:
         self.console.print(f"Champion: [bold]{champ.name if champ else 'none'}[/bold] "
                            f"(run {champ.run_id if champ else '-'}) · sweep run {result.parent_run_id}")
         self.console.print(f"Next: `make ui` to compare the runs in MLflow ({tracking_uri}).")
+
+
+FLAG_TEXT = {"stable": "unstable", "p99_claimable": "no P99 claim", "error_rate_ok": "errors > 1 %",
+             "min_requests_met": "too few requests"}
+
+
+def level_table(bench, title: str = "load ladder") -> Table:
+    """One row per measured level: counts, rates, latency percentiles, queue vs model share, validity."""
+    from experiments.stats import PERCENTILE_METHOD
+
+    table = Table(title=title, caption=f"percentiles: {PERCENTILE_METHOD}; '!' marks a P95 shown for want of "
+                                       f"samples for a P99", caption_justify="left")
+    for col in ("load (c or rate)", "n", "err %", "t/o %", "QPS", "tokens/s", "E2E p50/p95/p99 ms", "TTFT p50/p95 ms",
+                "TPOT p50 ms", "queue %", "CPU %", "flags"):
+        table.add_column(col, justify="right" if col not in ("flags",) else "left")
+    for lv in bench.levels:
+        e2e, ttft, tpot = (lv.stats.get(m) for m in ("e2e_ms", "ttft_ms", "tpot_ms"))
+        queue, model = lv.stats.get("queue_ms"), lv.stats.get("e2e_ms")
+        share = f"{queue.mean / model.mean * 100:.0f}" if queue and model and model.mean else "–"
+        flags = lv.validity()
+        bad = [text for key, text in FLAG_TEXT.items() if flags.get(key) is False] + \
+            (["saturated"] if flags.get("saturated") else [])
+        load = f"{lv.offered_qps:g}/s" if lv.offered_qps else str(lv.concurrency)
+        table.add_row(load, str(len(lv.records)), f"{lv.error_rate * 100:.1f}",
+                      f"{lv.timeout_rate * 100:.1f}", f"{lv.qps:.1f}", f"{lv.output_tokens_per_s:.0f}",
+                      _percentiles(e2e, ("p50", "p95", "p99")), _percentiles(ttft, ("p50", "p95")),
+                      f"{tpot.p50.value:.2f}" if tpot else "–", share, f"{lv.cpu_percent_mean:.0f}",
+                      ", ".join(bad) or "ok")
+    return table
+
+
+def _percentiles(st, names) -> str:
+    if st is None:
+        return "–"
+    out = []
+    for n in names:
+        v = st.stat(n)
+        out.append(f"{st.p95.value:.1f}!" if v is None else f"{v:.1f}")
+    return " / ".join(out)
 
 
 class _Stage:

@@ -48,7 +48,8 @@ def _torch_logprobs(model, token_ids: Sequence[int]) -> np.ndarray:
     import torch
 
     with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([list(token_ids)], dtype=torch.long), use_cache=False).logits[0]
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=model.device)
+        logits = model(input_ids=ids, use_cache=False).logits[0].cpu()
     # float64 before the softmax, as the ONNX scorer does, so both runtimes round the same way afterwards.
     return torch.log_softmax(logits.double(), dim=-1).numpy()
 

@@ -5,6 +5,7 @@ import gc
 import logging
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,15 +14,14 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import tracking
-from experiments.accuracy import AccuracyReport, evaluate
-from experiments.benchmark import LATENCY_METRICS, BenchmarkReport, Workload, run_benchmark
+from experiments import soak, tracking
+from experiments.accuracy import AccuracyReport, check_tasks, evaluate
+from experiments.benchmark import LATENCY_METRICS, BenchmarkReport, Workload, check_load, run_benchmark, serve
 from experiments.capacity import check_config as check_capacity_config, plan
 from experiments.errors import ConfigError
 from experiments.fidelity import BaselineLogprobs, FidelityReport, fixed_sequences, judge
-from experiments.gate import Criterion, Gate, Verdict
+from experiments.gate import Criterion, Gate, Verdict, check_config as check_gate_config
 from experiments.serving import build_engine
-from experiments.slo import parse_all
 from experiments.targets import check_source, resolve
 from optimizers.base import Candidate, Env, Optimizer
 from optimizers.baseline import EagerBaseline
@@ -67,6 +67,7 @@ class Sweep:
     ui: object
     windows: list                               # fixed held-out token windows for fidelity
     reference: BaselineLogprobs | None = None   # the baseline's next-token log-probs, once measured
+    scores: dict = field(default_factory=dict)  # numerics key -> (accuracy, fidelity, rung that measured them)
 
 
 @dataclass
@@ -101,21 +102,11 @@ def load_rungs(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
 def validate(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
     check_source(cfg.target)
     bench = cfg.benchmark
-    if bench.mode not in ("closed", "open"):
-        raise ConfigError(f"benchmark.mode {bench.mode!r} is unknown", "use closed or open")
-    levels = list(bench.concurrency)
-    if not levels or any(int(c) != c or int(c) < 1 for c in levels):
-        raise ConfigError(f"benchmark.concurrency must list integers >= 1, got {levels}",
-                          "e.g. benchmark.concurrency=[1,2,4]")
-    if bench.mode == "open":
-        if not list(bench.rates) or any(float(r) <= 0 for r in bench.rates):
-            raise ConfigError(f"benchmark.rates must list rates > 0 requests/s, got {list(bench.rates)}",
-                              "e.g. benchmark.rates=[2,4,8]")
-        levels = [int(round(float(r))) for r in bench.rates]
+    check_load(bench)
+    levels = [int(round(float(r))) for r in bench.rates] if bench.mode == "open" else list(bench.concurrency)
     check_capacity_config(cfg.capacity)
-    slos = parse_all(bench.slos)
-    if bench.sla_search and not slos:
-        raise ConfigError("benchmark.sla_search=true needs SLOs", "set benchmark.slos=[p99_e2e_ms<=500]")
+    soak.check_config(cfg.soak)
+    check_gate_config(cfg.gate)
     obj = cfg.gate.objective
     if obj.metric not in LATENCY_METRICS:
         raise ConfigError(f"gate.objective.metric {obj.metric!r} is unknown", f"use one of {LATENCY_METRICS}")
@@ -136,16 +127,6 @@ def validate(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
     return load_rungs(cfg)
 
 
-def check_tasks(tasks: list[str], include_path: Path | None) -> None:
-    from lm_eval.tasks import TaskManager
-
-    known = set(TaskManager(include_path=str(include_path) if include_path else None).all_tasks)
-    unknown = [t for t in tasks if t not in known]
-    if unknown:
-        raise ConfigError(f"unknown lm-eval task(s): {', '.join(unknown)}",
-                          "use a task lm-eval knows, or set accuracy.include_path to a folder with its YAML")
-
-
 # --- the sweep --------------------------------------------------------------------------------------------
 def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -160,7 +141,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     tokenizer = _tokenizer(target.model_dir)
     wl = cfg.target.workload
     workload = Workload.from_texts(texts, tokenizer, wl.input_tokens, wl.output_tokens, wl.prompts,
-                                   max(8, cfg.benchmark.warmup_requests), cfg.seed)
+                                   max(8, cfg.benchmark.warmup_requests), cfg.seed, wl.shared_prefix_tokens)
     fid = cfg.gate.fidelity
     sweep = Sweep(cfg, env, target, workload, include_path, Gate(cfg.gate, cfg.seed), experiment_id, ui,
                   fixed_sequences(tokenizer, texts, int(fid.sequences), int(fid.length), cfg.seed))
@@ -203,28 +184,39 @@ def _climb(name, opt, champion, sweep: Sweep) -> RungOutcome:
         outcome = RungOutcome(name, Verdict("failed", "not run"), run_id=run.info.run_id, champion_before=champion)
         try:
             current = base or Candidate(sweep.target)
+            opt.observe(champion)
             reason = opt.check(sweep.env, current)
             if champion is None and not isinstance(opt, EagerBaseline):
                 outcome.verdict = Verdict("skipped", "no champion to compare with: the baseline did not complete")
             elif reason:
                 outcome.verdict = Verdict("skipped", f"not applicable here: {reason}")
             else:
-                outcome.candidate = cand = opt.apply(current)
+                if opt.decision:
+                    mlflow.set_tag("roi.decision", opt.decision[:5000])
+                with sweep.ui.stage(f"{name}: applying the rung ({opt.cost} cost)"):
+                    outcome.candidate = cand = opt.apply(current)
+                if cand.target.model_dir != current.target.model_dir:   # the rung made a new model
+                    mlflow.set_tag("roi.model_dir", str(cand.target.model_dir))
                 mlflow.log_params(tracking.flatten({"recipe": cand.describe()}))
-                outcome.bench, outcome.accuracy, outcome.fidelity = _measure(cand, sweep, name)
-                _log_measurements(outcome)
-                outcome.capacity = _capacity_plan(outcome.bench, cfg.capacity)
-                if champion is None:
-                    outcome.verdict = Verdict("accepted", "baseline: the first champion, measured as is")
-                else:
-                    criteria = [gate.performance(champion.bench, outcome.bench)]
-                    if cfg.gate.get("slos_still_met", True):
-                        criteria.append(gate.slos(champion.bench, outcome.bench))
-                    criteria += [gate.accuracy(c, n) for c, n in zip(champion.accuracy, outcome.accuracy)]
-                    criteria.append(judge(outcome.fidelity, cfg.gate.fidelity.max_kl, cfg.gate.fidelity.min_top1,
-                                          cfg.gate.confidence))
-                    outcome.verdict = Verdict.from_criteria(criteria)
-                    _log_criteria(outcome.verdict.criteria)
+                with _measure(cand, sweep, name) as (engine, outcome.bench, outcome.accuracy, outcome.fidelity):
+                    _log_measurements(outcome)
+                    outcome.capacity = _capacity_plan(outcome.bench, cfg.capacity)
+                    if champion is None:
+                        outcome.verdict = Verdict("accepted", "baseline: the first champion, measured as is")
+                    else:
+                        criteria = [gate.performance(champion.bench, outcome.bench)]
+                        if cfg.gate.get("slos_still_met", True):
+                            criteria.append(gate.slos(champion.bench, outcome.bench))
+                        criteria += [gate.accuracy(c, n) for c, n in zip(champion.accuracy, outcome.accuracy)]
+                        fidelity = judge(outcome.fidelity, cfg.gate.fidelity.max_kl,
+                                         cfg.gate.fidelity.min_top1, cfg.gate.confidence)
+                        if opt.fidelity_gated:
+                            criteria.append(fidelity)
+                        else:
+                            mlflow.set_tag("roi.fidelity", f"recorded, not gated for this rung: {fidelity.detail}")
+                        criteria += _soak(engine, outcome.bench, criteria, sweep, name)
+                        outcome.verdict = Verdict.from_criteria(criteria)
+                        _log_criteria(outcome.verdict.criteria)
         except ConfigError:
             raise
         except Exception as exc:  # a rung that breaks is a verdict, not the end of the sweep
@@ -236,7 +228,9 @@ def _climb(name, opt, champion, sweep: Sweep) -> RungOutcome:
     return outcome
 
 
+@contextmanager
 def _measure(cand, sweep: Sweep, name: str):
+    """Build the engine, measure it; yields (engine, bench, accuracy, fidelity) and closes the engine after."""
     cfg, ui = sweep.cfg, sweep.ui
     engine = None
     try:
@@ -244,21 +238,32 @@ def _measure(cand, sweep: Sweep, name: str):
             artefacts = Path(cfg.cache_dir) / "artefacts"
             engine = build_engine(cand, int(cfg.threads), artefacts)
         mlflow.log_metric("artefact_bytes", engine.artefact_bytes())
+        mlflow.log_metric("weight_bits", engine.weight_bits())
         if hasattr(engine, "build_seconds"):
             mlflow.log_metric("build_seconds", engine.build_seconds)
             mlflow.set_tag("roi.artefact_reused", str(engine.reused))
         with ui.stage(f"{name}: load ladder") as st:
             bench = run_benchmark(engine, sweep.workload, cfg.benchmark, cfg.gate.confidence,
                                   on_level=lambda c: st.update(f"{name}: load at concurrency {c}"))
-        with ui.stage(f"{name}: lm-eval in the {cand.recipe.engine} engine"):
-            acc = evaluate(engine.lm_eval_model(int(cfg.accuracy.batch_size)), list(cfg.accuracy.tasks),
-                           cfg.gate.accuracy.metric, sweep.include_path, cfg.accuracy.limit, cfg.seed)
-        with ui.stage(f"{name}: fidelity against the baseline"):
-            # Against the original baseline, not the champion, so drift cannot build up rung by rung.
-            if sweep.reference is None:
-                sweep.reference = BaselineLogprobs.record(engine, sweep.windows)
-            fidelity = sweep.reference.compare(engine)
-        return bench, acc, fidelity
+        ui.levels(name, bench)
+        key = _numerics_key(cand)
+        if key in sweep.scores:
+            # Same weights, same runtime, same kernels (only the scheduler differs): lm-eval and the
+            # fidelity windows would compute exactly the same numbers again.
+            acc, fidelity, measured_by = sweep.scores[key]
+            mlflow.set_tag("roi.scores_reused_from", measured_by)
+            ui.note(f"{name}: accuracy and fidelity as measured on {measured_by} (same model numerics)")
+        else:
+            with ui.stage(f"{name}: lm-eval in the {cand.recipe.engine} engine"):
+                acc = evaluate(engine.lm_eval_model(int(cfg.accuracy.batch_size)), list(cfg.accuracy.tasks),
+                               cfg.gate.accuracy.metric, sweep.include_path, cfg.accuracy.limit, cfg.seed)
+            with ui.stage(f"{name}: fidelity against the baseline"):
+                # Against the original baseline, not the champion, so drift cannot build up rung by rung.
+                if sweep.reference is None:
+                    sweep.reference = BaselineLogprobs.record(engine, sweep.windows)
+                fidelity = sweep.reference.compare(engine)
+            sweep.scores[key] = (acc, fidelity, name)
+        yield engine, bench, acc, fidelity   # still alive: the soak, if it runs, needs it
     finally:
         if engine is not None:
             engine.close()
@@ -266,8 +271,46 @@ def _measure(cand, sweep: Sweep, name: str):
         gc.collect()
 
 
+def _soak(engine, bench: BenchmarkReport, criteria: list[Criterion], sweep: Sweep, name: str) -> list[Criterion]:
+    """Cheapest first: only a challenger that passed every other criterion is held under load this long."""
+    cfg = sweep.cfg
+    failed = [c.name for c in criteria if not c.passed]
+    if failed or not cfg.soak.enabled:
+        why = f"{', '.join(failed)} failed first" if failed else "soak.enabled=false"
+        mlflow.set_tag("roi.soak", f"skipped: {why}")
+        return []
+    obj = cfg.gate.objective
+    fallback = int(max(cfg.benchmark.concurrency)) if obj.concurrency == "max" else int(obj.concurrency)
+    clients, why = soak.concurrency_for(cfg.soak.concurrency, bench.capacity, fallback)
+    total = cfg.soak.warmup_s + cfg.soak.duration_s
+    with sweep.ui.stage(f"{name}: soak at c={clients} ({why}) for {total:g} s") as st:
+        server = serve(engine)
+        try:
+            report = soak.run_soak(server, sweep.workload, cfg.soak, clients, on_window=lambda w: st.update(
+                f"{name}: soak at c={clients}, {w.start_s + w.duration_s:.0f} of {total:g} s"))
+        finally:
+            server.close()
+    report.to_mlflow()
+    crit = report.criterion()
+    mlflow.set_tag("roi.soak", f"ran at c={clients} ({why}): {'clean' if crit.passed else 'NOT clean'}")
+    return [crit]
+
+
+def _numerics_key(cand: Candidate) -> tuple:
+    """What decides the numbers lm-eval and fidelity see; batching settings do not (ONNX Runtime's paged
+    export on CUDA is another graph, so it counts)."""
+    r = cand.recipe
+    paged_graph = r.engine == "onnxruntime" and r.batching == "continuous"
+    return (str(cand.target.model_dir), r.engine, r.precision, r.quantization, r.execution_provider, r.compile,
+            r.cuda_graph, paged_graph)
+
+
 def _log_measurements(outcome: RungOutcome) -> None:
+    from experiments import report
+
     tracking.log_series(outcome.bench.metric_series())
+    mlflow.log_figure(report.latency_percentiles(outcome.bench), "benchmark/latency_percentiles.png")
+    mlflow.log_figure(report.throughput_vs_latency(outcome.bench), "benchmark/throughput_vs_latency.png")
     mlflow.log_text(outcome.bench.samples_csv(), "benchmark/samples.csv")
     mlflow.set_tags({f"validity.{k}": str(v) for k, v in outcome.bench.validity().items()})
     if outcome.fidelity is not None:

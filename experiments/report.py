@@ -67,3 +67,44 @@ def pareto(outcomes, metric: str, stat: str, level: int) -> Figure:
     ax.set_ylabel("accuracy (± stderr)")
     ax.set_title("Latency vs accuracy over all measured rungs")
     return fig
+
+
+def latency_percentiles(bench, metrics=("e2e_ms", "ttft_ms", "tpot_ms")) -> Figure:
+    """One rung: P50 / P95 / P99 of each latency against concurrency, with the percentiles' CIs as bands."""
+    fig = Figure(figsize=(4 * len(metrics), 3.5), layout="constrained")
+    axes = fig.subplots(1, len(metrics))
+    xs = [lv.concurrency for lv in bench.levels]
+    for ax, metric in zip(axes, metrics):
+        for q in ("p50", "p95", "p99"):
+            points = [(x, getattr(lv.stats[metric], q)) for x, lv in zip(xs, bench.levels)
+                      if lv.stats.get(metric) is not None and getattr(lv.stats[metric], q) is not None]
+            if not points:
+                continue
+            x, quant = zip(*points)
+            ax.plot(x, [p.value for p in quant], marker="o", label=q)
+            lo = [p.ci_low if p.ci_low is not None else p.value for p in quant]
+            hi = [p.ci_high if p.ci_high is not None else p.value for p in quant]
+            ax.fill_between(x, lo, hi, alpha=0.2)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(metric)
+        ax.legend(fontsize=8)
+    fig.suptitle("Latency percentiles vs concurrency (bands: confidence intervals)")
+    return fig
+
+
+def throughput_vs_latency(bench) -> Figure:
+    """One rung: output tokens/s against P95 E2E, one point per level: where the knee of the curve is."""
+    fig = Figure(figsize=(5, 4), layout="constrained")
+    ax = fig.add_subplot()
+    points = [(lv.stats["e2e_ms"].p95.value, lv.output_tokens_per_s, lv.concurrency)
+              for lv in bench.levels if lv.stats.get("e2e_ms") is not None]
+    if points:
+        x, y, c = zip(*points)
+        ax.plot(x, y, marker="o")
+        for xi, yi, ci in points:
+            ax.annotate(f"c={ci}", (xi, yi), fontsize=8, xytext=(4, -10), textcoords="offset points")
+    ax.set_xlabel("E2E P95 ms")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("Throughput vs latency")
+    return fig

@@ -20,14 +20,18 @@ class Target:
 @dataclass(frozen=True)
 class Recipe:
     engine: str = "torch"            # torch | onnxruntime
-    precision: str = "fp32"
-    quantization: str = "none"       # none | int8
-    execution_provider: str = "cpu"  # for onnxruntime
+    precision: str = "fp32"          # fp32 | bf16 | fp16
+    quantization: str = "none"       # none | int8 | int4 | fp8 (weights of the decoder layers)
+    execution_provider: str = "cpu"  # cpu | cuda (the device, for either engine)
+    compile: str = "none"            # torch: none | inductor
+    cuda_graph: bool = False         # capture the decode step as a CUDA graph (torch: reduce-overhead)
     batching: str = "none"           # none (one request at a time) | static | dynamic | continuous
     max_batch: int = 1
     max_wait_ms: float = 0.0         # static: wait for a full batch this long at most; dynamic: the window
     kv_block_size: int = 0           # continuous (paged KV cache): tokens per block
     kv_num_blocks: int = 0           # continuous: blocks in the pool
+    max_tokens_per_step: int = 0     # continuous: prefill + decode tokens one step may carry
+    prefix_caching: bool = False     # continuous: full KV blocks of a shared prompt prefix are reused
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,14 @@ class Env:
 class Optimizer(ABC):
     name: str = "optimizer"
     cost: str = "zero"       # zero | mid | high, as the seed classes them
+    decision: str = ""       # why `check` let it run, when it decided from evidence (or was forced)
+    # Drift from the baseline's next-token distribution is a gate criterion for rungs that should not change
+    # what the model says (engines, precision, quantization); a retrained model is judged on accuracy alone.
+    fidelity_gated: bool = True
+
+    def observe(self, champion) -> None:
+        """The current champion's RungOutcome (None before the baseline), just before `check`: rungs that
+        decide from evidence (distillation: is the model layer the bottleneck?) keep what they need."""
 
     def check(self, env: Env, cand: Candidate) -> str | None:
         """The reason this rung does not apply to `cand` here, or None when it does."""

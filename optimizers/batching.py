@@ -1,8 +1,10 @@
-"""Batching: static -> dynamic -> continuous, over onnxruntime-genai's Engine (its own step loop).
+"""Batching: static -> dynamic -> continuous.
 
 static: wait for a full batch of B (or a timeout), run it to completion, then the next batch (the seed's
-"static batch of 4"); dynamic: run when either B requests or the wait window is reached; continuous:
-requests join and leave the running batch at every step, over a paged KV cache.
+"static batch of 4"); dynamic: run when either B requests or the wait window is reached — both over
+onnxruntime-genai's Engine. continuous: requests join and leave the running batch at every step over a paged
+KV cache — onnxruntime-genai's PagedAttention on CUDA, transformers' continuous batching (torch) elsewhere,
+since onnxruntime-genai's CPU Engine batches statically only.
 """
 from optimizers.base import Candidate, Env, Optimizer
 
@@ -12,29 +14,46 @@ KINDS = ("static", "dynamic", "continuous")
 class Batching(Optimizer):
     cost = "zero"
 
-    def __init__(self, kind: str, max_batch: int, max_wait_ms: float = 0.0, kv_block_size: int = 256,
-                 kv_num_blocks: int = 0):
+    def __init__(self, kind: str, max_batch: int, max_wait_ms: float = 0.0, kv_block_size: int = 16,
+                 kv_num_blocks: int = 0, max_tokens_per_step: int = 0):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if max_batch < 1 or max_wait_ms < 0:
             raise ValueError(f"max_batch must be >= 1 and max_wait_ms >= 0 (got {max_batch}, {max_wait_ms})")
+        if kind == "continuous" and (kv_block_size < 1 or kv_num_blocks < 0 or max_tokens_per_step < 0):
+            raise ValueError("continuous batching needs kv_block_size >= 1, kv_num_blocks >= 0 (0 = size from GPU "
+                             f"memory), max_tokens_per_step >= 0 (got {kv_block_size}, {kv_num_blocks}, "
+                             f"{max_tokens_per_step})")
         self.name = f"{kind}_batching"
         self.kind, self.max_batch, self.max_wait_ms = kind, max_batch, max_wait_ms
         self.kv_block_size, self.kv_num_blocks = kv_block_size, kv_num_blocks
+        self.max_tokens_per_step = max_tokens_per_step
 
     def check(self, env: Env, cand: Candidate) -> str | None:
-        if cand.recipe.engine != "onnxruntime":
-            return f"the batching schedulers drive onnxruntime-genai's Engine; the champion runs {cand.recipe.engine}"
-        if self.kind == "continuous" and not env.cuda:
-            return ("continuous batching needs onnxruntime-genai's PagedAttention export, which runs on CUDA "
-                    "(fp16/bf16) only; on CPU its Engine batches statically")
-        if cand.recipe.batching in KINDS and KINDS.index(self.kind) <= KINDS.index(cand.recipe.batching):
-            return f"the champion already uses {cand.recipe.batching} batching"
+        recipe = cand.recipe
+        if recipe.batching in KINDS and KINDS.index(self.kind) <= KINDS.index(recipe.batching):
+            return f"the champion already uses {recipe.batching} batching"
+        if self.kind != "continuous" and recipe.engine != "onnxruntime":
+            return f"static and dynamic batching drive onnxruntime-genai's Engine; the champion runs {recipe.engine}"
+        if self.kind == "continuous" and self._paged_ort(cand) and not env.cuda:
+            return "onnxruntime-genai's PagedAttention needs a CUDA device; none is present"
+        if self.kind == "continuous" and not self._paged_ort(cand) and not self.kv_num_blocks:
+            return "kv_num_blocks: 0 (size from GPU memory) applies to CUDA only; set a block count for torch"
+        if recipe.cuda_graph or recipe.compile != "none":
+            return "a compiled or graph-captured champion has fixed shapes; batching comes before compilation here"
         return None
+
+    @staticmethod
+    def _paged_ort(cand: Candidate) -> bool:
+        return cand.recipe.engine == "onnxruntime" and cand.recipe.execution_provider == "cuda"
 
     def apply(self, cand: Candidate) -> Candidate:
         changes = {"batching": self.kind, "max_batch": self.max_batch, "max_wait_ms": self.max_wait_ms}
         if self.kind == "continuous":
             changes.update(kv_block_size=self.kv_block_size, kv_num_blocks=self.kv_num_blocks,
-                           execution_provider="cuda", precision="fp16")
+                           max_tokens_per_step=self.max_tokens_per_step)
+            if self._paged_ort(cand):
+                changes.update(precision="fp16")        # PagedAttention runs fp16/bf16 only
+            else:
+                changes.update(engine="torch")          # transformers' continuous batching over the torch model
         return cand.edited(self.name, **changes)

@@ -21,4 +21,6 @@ class OnnxRuntimeSwap(Optimizer):
         return None
 
     def apply(self, cand: Candidate) -> Candidate:
-        return cand.edited(self.name, engine="onnxruntime", execution_provider=self.execution_provider)
+        # torch-only settings do not carry over to the exported graph.
+        return cand.edited(self.name, engine="onnxruntime", execution_provider=self.execution_provider,
+                           compile="none", cuda_graph=False)

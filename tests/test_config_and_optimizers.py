@@ -8,10 +8,11 @@ from experiments.errors import ConfigError
 from experiments.ladder import load_rungs, validate
 from optimizers.base import Candidate, Env, Optimizer, Recipe, Target
 from optimizers.baseline import EagerBaseline
-from optimizers.batching import Batching
-from optimizers.int8_weights import Int8Weights
+from optimizers.quantization import WeightQuantization
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 
+LADDER = ["baseline", "torch_compile", "onnxruntime", "tensorrt", "static_batching", "dynamic_batching",
+          "continuous_batching", "cuda_graph", "half_precision", "int8", "int4", "fp8", "prefix_caching", "distillation"]
 CPU = Env(cuda=False, cuda_capability=None, cpu_count=2)
 GPU = Env(cuda=True, cuda_capability=(9, 0), cpu_count=16)
 TARGET = Target("t", "causal-lm", Path("/nonexistent"))
@@ -21,8 +22,7 @@ TARGET = Target("t", "causal-lm", Path("/nonexistent"))
 def test_every_profile_composes(profile, tmp_path):
     cfg = compose([f"profile={profile}", f"data_dir={tmp_path}"])
     assert cfg.profile_name == profile
-    assert list(cfg.ladder.rungs) == ["baseline", "onnxruntime", "static_batching", "dynamic_batching",
-                                      "continuous_batching", "int8"]
+    assert list(cfg.ladder.rungs) == LADDER
     assert cfg.tracking.uri == f"sqlite:///{tmp_path}/mlflow.db"
 
 
@@ -40,8 +40,10 @@ def test_composition_error_names_the_bad_key():
 
 def test_rungs_are_instantiated_from_yaml_in_roi_order(tmp_path):
     rungs = load_rungs(compose([f"data_dir={tmp_path}"]))
-    assert [type(o) for _, o in rungs] == [EagerBaseline, OnnxRuntimeSwap, Batching, Batching, Batching, Int8Weights]
-    assert [o.kind for _, o in rungs[2:5]] == ["static", "dynamic", "continuous"]
+    assert [name for name, _ in rungs] == LADDER
+    assert isinstance(rungs[0][1], EagerBaseline) and isinstance(rungs[2][1], OnnxRuntimeSwap)
+    assert [o.kind for _, o in rungs[4:7]] == ["static", "dynamic", "continuous"]
+    assert [o.scheme for _, o in rungs[9:12] if isinstance(o, WeightQuantization)] == ["int8", "int4", "fp8"]
     assert all(isinstance(o, Optimizer) for _, o in rungs)
 
 
@@ -85,14 +87,14 @@ def test_apply_returns_a_new_candidate_and_leaves_the_champion_alone():
     challenger = OnnxRuntimeSwap().apply(champion)
     assert champion.recipe == Recipe()                       # unchanged: a rejected rung reverts for free
     assert challenger.recipe.engine == "onnxruntime" and challenger.rungs == ("baseline", "onnxruntime")
-    assert Int8Weights().apply(challenger).recipe.quantization == "int8"
+    assert WeightQuantization("int8").apply(challenger).recipe.quantization == "int8"
 
 
 def test_check_says_why_a_rung_does_not_apply():
     ort = OnnxRuntimeSwap().apply(Candidate(TARGET))
     assert "already runs in ONNX Runtime" in OnnxRuntimeSwap().check(CPU, ort)
-    assert "already quantized" in Int8Weights().check(CPU, Int8Weights().apply(ort))
-    assert Int8Weights().check(CPU, ort) is None
+    assert "already quantized" in WeightQuantization("int8").check(CPU, WeightQuantization("int8").apply(ort))
+    assert WeightQuantization("int8").check(CPU, ort) is None
     embedding = Candidate(Target("m", "embedding", Path("/x")))
     assert "causal LMs" in OnnxRuntimeSwap().check(CPU, embedding)
 

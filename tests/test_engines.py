@@ -9,7 +9,7 @@ from experiments.serving.ort_engine import OrtGenaiEngine
 from experiments.serving.torch_engine import TorchEngine
 from optimizers.base import Candidate
 from optimizers.baseline import EagerBaseline
-from optimizers.int8_weights import Int8Weights
+from optimizers.quantization import WeightQuantization
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 
 pytestmark = pytest.mark.slow
@@ -24,9 +24,9 @@ def engines(tiny_target, tmp_path_factory):
     ort = OnnxRuntimeSwap().apply(base)
     built = {
         "torch": build_engine(base, 2, SHARED_CACHE / "artefacts"),
-        "torch-int8": build_engine(Int8Weights().apply(base), 2, SHARED_CACHE / "artefacts"),
+        "torch-int8": build_engine(WeightQuantization("int8").apply(base), 2, SHARED_CACHE / "artefacts"),
         "ort": build_engine(ort, 2, SHARED_CACHE / "artefacts"),
-        "ort-int8": build_engine(Int8Weights().apply(ort), 2, SHARED_CACHE / "artefacts"),
+        "ort-int8": build_engine(WeightQuantization("int8").apply(ort), 2, SHARED_CACHE / "artefacts"),
     }
     return built
 

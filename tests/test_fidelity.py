@@ -107,12 +107,12 @@ def engines(tiny_target):
     from experiments.serving import build_engine
     from optimizers.base import Candidate
     from optimizers.baseline import EagerBaseline
-    from optimizers.int8_weights import Int8Weights
+    from optimizers.quantization import WeightQuantization
     from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 
     base = EagerBaseline().apply(Candidate(tiny_target))
     ort = OnnxRuntimeSwap().apply(base)
-    recipes = {"torch": base, "torch-int8": Int8Weights().apply(base), "ort": ort, "ort-int8": Int8Weights().apply(ort)}
+    recipes = {"torch": base, "torch-int8": WeightQuantization("int8").apply(base), "ort": ort, "ort-int8": WeightQuantization("int8").apply(ort)}
     return {name: build_engine(cand, 2, SHARED_CACHE / "artefacts") for name, cand in recipes.items()}
 
 

@@ -12,7 +12,7 @@ from experiments import registry, tracking
 from experiments.errors import ConfigError
 from optimizers.base import Candidate, Recipe, Target
 from optimizers.baseline import EagerBaseline
-from optimizers.int8_weights import Int8Weights
+from optimizers.quantization import WeightQuantization
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 
 NAME = "roi-ladder-tiny-llm"
@@ -54,7 +54,7 @@ def log_sweep(cfg, rungs: list[tuple[str, str, Candidate, float]]) -> dict[str, 
 @pytest.fixture
 def sweep(cfg):
     return log_sweep(cfg, [("baseline", "accepted", BASE, 60.0), ("onnxruntime", "accepted", ORT, 5.0),
-                           ("int8", "rejected", Int8Weights().apply(ORT), 6.0)])
+                           ("int8", "rejected", WeightQuantization("int8").apply(ORT), 6.0)])
 
 
 def version(name, v):
@@ -93,8 +93,8 @@ def test_the_package_holds_the_recipe_and_the_config(cfg, sweep):
 
 
 def test_recipe_params_come_back_typed_and_missing_fields_take_their_defaults():
-    params = tracking.flatten({"recipe": Int8Weights().apply(ORT).describe()})
-    assert Recipe(**registry.recipe_from_params(params)) == Int8Weights().apply(ORT).recipe
+    params = tracking.flatten({"recipe": WeightQuantization("int8").apply(ORT).describe()})
+    assert Recipe(**registry.recipe_from_params(params)) == WeightQuantization("int8").apply(ORT).recipe
     assert Recipe(**registry.recipe_from_params({"recipe.engine": "onnxruntime"})) == Recipe(engine="onnxruntime")
     with pytest.raises(ConfigError, match="no recipe"):
         registry.recipe_from_params({"target.name": "tiny-llm"}, "r1")

@@ -7,8 +7,10 @@ from experiments.benchmark import Workload
 from experiments.targets import resolve
 from optimizers.base import Candidate
 from optimizers.baseline import EagerBaseline
-from optimizers.int8_weights import Int8Weights
+from optimizers.half_precision import HalfPrecision
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
+from optimizers.quantization import WeightQuantization
+from optimizers.torch_compile import TorchCompile
 
 
 def compose_default(overrides=()):
@@ -27,9 +29,13 @@ def default_setup(console, overrides=()):
 
     tok = AutoTokenizer.from_pretrained(target.model_dir)
     wl = cfg.target.workload
-    workload = Workload.from_texts(texts, tok, wl.input_tokens, wl.output_tokens, wl.prompts, 16, cfg.seed)
+    workload = Workload.from_texts(texts, tok, wl.input_tokens, wl.output_tokens, wl.prompts, 16, cfg.seed,
+                                   wl.get("shared_prefix_tokens", 0))
     base = EagerBaseline().apply(Candidate(target))
     ort = OnnxRuntimeSwap().apply(base)
-    cands = {"baseline": base, "int8 (torch)": Int8Weights().apply(base), "onnxruntime": ort,
-             "int8 (onnxruntime)": Int8Weights().apply(ort)}
+    cands = {"baseline": base, "torch.compile (inductor)": TorchCompile().apply(base),
+             "bf16 (torch)": HalfPrecision().apply(base), "int8 (torch)": WeightQuantization("int8").apply(base),
+             "onnxruntime": ort, "fp16 (onnxruntime)": HalfPrecision(cpu_dtype="fp16").apply(ort),
+             "int8 (onnxruntime)": WeightQuantization("int8").apply(ort),
+             "int4 (onnxruntime)": WeightQuantization("int4").apply(ort)}
     return cands, workload, int(cfg.threads), Path(cfg.cache_dir) / "artefacts"

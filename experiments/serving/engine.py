@@ -25,6 +25,10 @@ class Engine(ABC):
     def artefact_paths(self) -> list[Path]:
         """Files that hold what this engine runs (weights, graphs): their size is logged."""
 
+    def weight_bits(self) -> float:
+        """Stored bits per weight of the linear layers this engine runs (about 4.5 for INT4 with block scales)."""
+        raise NotImplementedError(f"{type(self).__name__} does not report its weight bits")
+
     def artefact_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.artefact_paths())
 

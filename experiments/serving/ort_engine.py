@@ -16,7 +16,7 @@ from experiments.models.tiny_llm import manifest_ok, write_manifest
 from experiments.serving.engine import Engine
 from optimizers.base import Candidate
 
-QUANTIZED_PRECISION = {"int8": "int8"}
+QUANTIZED_PRECISION = {"int8": "int8", "int4": "int4"}
 
 
 def builder_options(recipe) -> tuple[str, list[str]]:
@@ -129,3 +129,39 @@ class OrtGenaiEngine(Engine):
 
     def artefact_paths(self) -> list[Path]:
         return sorted(p for p in self.folder.iterdir() if p.name.startswith("model.onnx"))
+
+    def weight_bits(self) -> float:
+        return graph_weight_bits(self.folder / "model.onnx")
+
+
+def graph_weight_bits(onnx_path: Path) -> float:
+    """Stored bits per weight of the graph's MatMul weights: packed MatMulNBits data + scales + zero points over
+    the K x N weights they stand for, plain float initializers at their dtype. An INT4 model lands near 4.5
+    (4 bits plus a scale per block), INT8 near 8.5, fp32 at 32."""
+    import onnx
+    from onnx import helper
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    inits = {t.name: t for t in graph.initializer}
+
+    def bits_of(name: str) -> int:
+        t = inits.get(name)
+        if t is None:
+            return 0
+        numel = 1
+        for d in t.dims:
+            numel *= d
+        return numel * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize * 8
+
+    stored, weights = 0, 0
+    for node in graph.node:
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: a.i for a in node.attribute}
+            stored += sum(bits_of(name) for name in node.input[1:4])
+            weights += attrs["K"] * attrs["N"]
+        elif node.op_type == "MatMul" and node.input[1] in inits:
+            numel = bits_of(node.input[1]) // (helper.tensor_dtype_to_np_dtype(inits[node.input[1]].data_type)
+                                               .itemsize * 8)
+            stored += bits_of(node.input[1])
+            weights += numel
+    return stored / max(1, weights)

@@ -1,4 +1,10 @@
-"""Torch eager: the model from its Hugging Face folder, greedy decode with a KV cache, step by step."""
+"""Torch: the model from its Hugging Face folder, greedy decode with a KV cache, step by step.
+
+The recipe decides how it runs: dtype (fp32 / bf16 / fp16), device (cuda when the recipe's execution provider
+is cuda), weight quantization (int8 dynamic on CPU; torchao int4 weight-only and float8 on CUDA), and
+torch.compile — inductor over the dynamic-cache decode, the torch-tensorrt backend on CUDA, or
+`reduce-overhead` (CUDA graphs) over a static cache. Compilation happens at build time, on warm-up prompts, and is reported as build_seconds.
+"""
 from __future__ import annotations
 
 import time
@@ -10,6 +16,9 @@ import torch
 from experiments.serving.engine import Engine
 from optimizers.base import Candidate
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+COMPILE_MODES = ("none", "inductor", "tensorrt")
+
 
 class TorchEngine(Engine):
     name = "torch"
@@ -17,38 +26,120 @@ class TorchEngine(Engine):
     def __init__(self, cand: Candidate, threads: int):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        recipe = self.recipe = cand.recipe
+        if recipe.precision not in DTYPES:
+            raise ValueError(f"torch engine has no precision {recipe.precision!r}; known: {', '.join(DTYPES)}")
+        if recipe.compile not in COMPILE_MODES:
+            raise ValueError(f"torch engine has no compile mode {recipe.compile!r}; known: {', '.join(COMPILE_MODES)}")
+        started = time.perf_counter()
         torch.set_num_threads(threads)
+        self.device = torch.device("cuda" if recipe.execution_provider == "cuda" else "cpu")
         self.model_dir = cand.target.model_dir
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32, use_safetensors=True)
-        if cand.recipe.quantization == "int8":
-            # Decoder layers only: quantizing the tied embedding would also change the input lookup.
-            model.model.layers = torch.ao.quantization.quantize_dynamic(
-                model.model.layers, {torch.nn.Linear}, dtype=torch.qint8)
-        elif cand.recipe.quantization != "none":
-            raise ValueError(f"torch engine has no {cand.recipe.quantization!r} path")
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=DTYPES[recipe.precision],
+                                                     use_safetensors=True).to(self.device)
+        quantize(model, recipe.quantization, self.device)
         self.model = model.eval()
-        self.quantization = cand.recipe.quantization
+        self.quantization = recipe.quantization
+        self._forward = self.model
+        if recipe.cuda_graph:
+            self._compile("reduce-overhead")
+        elif recipe.compile != "none":
+            self._compile(recipe.compile)
+        self.build_seconds = time.perf_counter() - started
+        self.reused = False
+
+    def _compile(self, mode: str) -> None:
+        if mode == "reduce-overhead" and self.device.type != "cuda":
+            raise ValueError("compile mode reduce-overhead captures CUDA graphs: it needs a CUDA device")
+        if mode == "inductor":
+            # dynamic=True: one graph for every cache length, instead of a recompile per decode step.
+            self._forward = torch.compile(self.model, dynamic=True)
+        elif mode == "tensorrt":
+            if self.device.type != "cuda":
+                raise ValueError("TensorRT needs a CUDA device")
+            import torch_tensorrt  # noqa: F401  (registers the "tensorrt" backend)
+
+            self._forward = torch.compile(self.model, backend="tensorrt", dynamic=True,
+                                          options={"enabled_precisions": {DTYPES[self.recipe.precision]},
+                                                   "min_block_size": 1})
+        else:
+            self._forward = torch.compile(self.model, mode="reduce-overhead", fullgraph=True)
+        for n_in in (16, 48):   # warm-up: compile now, not during the measured load
+            for _ in self.generate(list(range(1, n_in + 1)), 4):
+                pass
+
+    def _cache(self, max_len: int):
+        from transformers import DynamicCache, StaticCache
+
+        if self.recipe.cuda_graph:
+            # CUDA graphs replay fixed addresses: the KV cache must not move or grow.
+            return StaticCache(config=self.model.config, max_cache_len=max_len)
+        return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Iterator[tuple[int, float]]:
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
-        step_input = torch.tensor([prompt_ids], dtype=torch.long)
+        cache = self._cache(len(prompt_ids) + max_new_tokens)
+        step_input = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        position = torch.arange(len(prompt_ids), device=self.device)
         for _ in range(max_new_tokens):
             started = time.perf_counter()
-            logits = self.model(input_ids=step_input, past_key_values=cache, use_cache=True).logits
-            token = int(logits[0, -1].argmax())
+            logits = self._forward(input_ids=step_input, past_key_values=cache, use_cache=True,
+                                   cache_position=position).logits
+            token = int(logits[0, -1].argmax())   # .item() syncs the device: compute time is real
             compute = time.perf_counter() - started
             yield token, compute
-            step_input = torch.tensor([[token]], dtype=torch.long)
+            step_input = torch.tensor([[token]], dtype=torch.long, device=self.device)
+            position = position[-1:] + 1
 
     def lm_eval_model(self, batch_size: int):
         from lm_eval.models.huggingface import HFLM
 
-        return HFLM(pretrained=self.model, tokenizer=self.tokenizer, batch_size=batch_size, device="cpu")
+        return HFLM(pretrained=self.model, tokenizer=self.tokenizer, batch_size=batch_size, device=str(self.device))
 
     def artefact_paths(self) -> list[Path]:
-        # A dynamically quantized model exists only in memory; its weights come from the same safetensors.
+        # A quantized or cast model exists only in memory; its weights come from the same safetensors.
         return sorted(Path(self.model_dir).glob("*.safetensors"))
+
+    def weight_bits(self) -> float:
+        """Stored bits per weight of the linear layers (lm_head included), as ONNX graphs are counted: packed
+        quantized weights at their stored size, torchao tensor subclasses by their inner tensors."""
+        stored, weights = 0, 0
+        for module in self.model.modules():
+            if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+                weight, _ = module._packed_params._weight_bias()
+            elif isinstance(module, torch.nn.Linear):
+                weight = module.weight
+            else:
+                continue
+            stored += _stored_bits(weight)
+            weights += weight.shape[0] * weight.shape[1]
+        return stored / max(1, weights)
+
+
+def quantize(model, quantization: str, device: torch.device) -> None:
+    """Weight quantization of the decoder layers only: the tied embedding doubles as the input lookup."""
+    if quantization == "none":
+        return
+    if quantization == "int8" and device.type == "cpu":
+        model.model.layers = torch.ao.quantization.quantize_dynamic(model.model.layers, {torch.nn.Linear},
+                                                                    dtype=torch.qint8)
+        return
+    if device.type != "cuda":
+        raise ValueError(f"torch {quantization} runs on CUDA only (torchao kernels); this engine is on {device}")
+    from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig, Int4WeightOnlyConfig,
+                                      Int8WeightOnlyConfig, quantize_)
+
+    configs = {"int8": Int8WeightOnlyConfig, "int4": lambda: Int4WeightOnlyConfig(group_size=32),
+               "fp8": Float8DynamicActivationFloat8WeightConfig}
+    if quantization not in configs:
+        raise ValueError(f"torch engine has no {quantization!r} path; known: none, {', '.join(configs)}")
+    quantize_(model.model.layers, configs[quantization]())
+
+
+def _stored_bits(tensor: torch.Tensor) -> int:
+    """Bits a weight occupies; torchao tensor subclasses report their packed inner tensors."""
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) and hasattr(tensor, "__tensor_flatten__"):
+        names, _ = tensor.__tensor_flatten__()
+        return sum(_stored_bits(getattr(tensor, n)) for n in names)
+    return tensor.numel() * tensor.element_size() * 8

@@ -1,0 +1,23 @@
+"""CUDA Graph: the decode step captured once and replayed, over a static KV cache (torch.compile
+`reduce-overhead`). Launch overhead is what it removes, so it exists only on a CUDA device."""
+from optimizers.base import Candidate, Env, Optimizer
+
+
+class CudaGraph(Optimizer):
+    name = "cuda_graph"
+    cost = "zero"
+
+    def check(self, env: Env, cand: Candidate) -> str | None:
+        if not env.cuda:
+            return "CUDA Graph replays GPU kernel launches: no CUDA device is present"
+        if cand.recipe.engine != "torch":
+            return (f"the champion runs {cand.recipe.engine}; graph capture here is torch.compile's reduce-overhead "
+                    f"over a static cache")
+        if cand.recipe.batching != "none":
+            return f"the champion batches ({cand.recipe.batching}); a captured graph has one fixed batch shape"
+        if cand.recipe.cuda_graph:
+            return "the champion already replays a CUDA graph"
+        return None
+
+    def apply(self, cand: Candidate) -> Candidate:
+        return cand.edited(self.name, cuda_graph=True, execution_provider="cuda", compile="none")

@@ -1,0 +1,33 @@
+"""FP16 / BF16 weights and activations: bf16 on CPU, fp16 or bf16 on a GPU (both set in the rung's YAML)."""
+from optimizers.base import Candidate, Env, Optimizer
+
+HALF = ("bf16", "fp16")
+
+
+class HalfPrecision(Optimizer):
+    name = "half_precision"
+    cost = "zero"
+
+    def __init__(self, cpu_dtype: str = "bf16", cuda_dtype: str = "fp16"):
+        if cpu_dtype not in HALF or cuda_dtype not in HALF:
+            raise ValueError(f"cpu_dtype and cuda_dtype must be one of {HALF}, got {cpu_dtype!r}, {cuda_dtype!r}")
+        self.cpu_dtype, self.cuda_dtype = cpu_dtype, cuda_dtype
+
+    def dtype(self, cand: Candidate) -> str:
+        return self.cuda_dtype if cand.recipe.execution_provider == "cuda" else self.cpu_dtype
+
+    def check(self, env: Env, cand: Candidate) -> str | None:
+        dtype, recipe = self.dtype(cand), cand.recipe
+        if recipe.precision in HALF:
+            return f"the champion already runs {recipe.precision}"
+        if recipe.quantization != "none":
+            return f"the champion's weights are {recipe.quantization}; half precision comes before quantization"
+        if recipe.engine == "onnxruntime" and recipe.execution_provider == "cpu" and dtype == "bf16":
+            return ("ONNX Runtime's CPU kernels cannot run the bf16 export (no bf16 Where kernel); set "
+                    "cpu_dtype: fp16 to try ONNX Runtime fp16, or run bf16 in the torch engine")
+        if recipe.engine == "torch" and recipe.execution_provider == "cpu" and dtype == "fp16":
+            return "torch has few fp16 CPU kernels; use cpu_dtype: bf16"
+        return None
+
+    def apply(self, cand: Candidate) -> Candidate:
+        return cand.edited(self.name, precision=self.dtype(cand))

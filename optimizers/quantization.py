@@ -1,0 +1,45 @@
+"""Weight quantization of the decoder layers (the tied embedding stays as it is), in the champion's engine:
+
+| scheme | onnxruntime (CPU or CUDA)          | torch on CPU                 | torch on CUDA                       |
+|--------|------------------------------------|------------------------------|-------------------------------------|
+| int8   | MatMulNBits 8-bit (builder -p int8) | dynamic int8 Linear          | torchao Int8WeightOnly              |
+| int4   | MatMulNBits 4-bit (builder -p int4) | no kernel: not applicable    | torchao Int4WeightOnly              |
+| fp8    | no FP8 path: not applicable        | no kernel: not applicable    | torchao float8 (compute cap >= 8.9) |
+"""
+from optimizers.base import Candidate, Env, Optimizer
+
+SCHEMES = ("int8", "int4", "fp8")
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+class WeightQuantization(Optimizer):
+    cost = "mid"
+
+    def __init__(self, scheme: str):
+        if scheme not in SCHEMES:
+            raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+        self.scheme = scheme
+        self.name = scheme
+
+    def check(self, env: Env, cand: Candidate) -> str | None:
+        recipe = cand.recipe
+        if recipe.quantization != "none":
+            return f"the champion is already quantized ({recipe.quantization})"
+        if recipe.engine not in ("torch", "onnxruntime"):
+            return f"no weight quantization path for engine {recipe.engine!r}"
+        on_cuda = recipe.execution_provider == "cuda"
+        if self.scheme == "fp8":
+            if recipe.engine == "onnxruntime":
+                return "onnxruntime-genai has no FP8 weight path"
+            if not env.cuda or not on_cuda:
+                return "FP8 needs a CUDA device (torchao float8 kernels); none is present or the champion is on CPU"
+            if env.cuda_capability and tuple(env.cuda_capability) < FP8_MIN_CAPABILITY:
+                return f"FP8 needs compute capability >= 8.9; this GPU has {env.cuda_capability}"
+        if self.scheme == "int4" and recipe.engine == "torch" and not on_cuda:
+            return "torchao Int4WeightOnly has no CPU kernel here; INT4 on CPU runs in onnxruntime (MatMulNBits)"
+        if recipe.engine == "torch" and recipe.compile == "tensorrt":
+            return "the TensorRT champion quantizes inside TensorRT, not with these schemes"
+        return None
+
+    def apply(self, cand: Candidate) -> Candidate:
+        return cand.edited(self.name, quantization=self.scheme)
