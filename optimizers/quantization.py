@@ -29,10 +29,12 @@ class WeightQuantization(Optimizer):
             return f"no weight quantization path for engine {recipe.engine!r}"
         on_cuda = recipe.execution_provider == "cuda"
         if self.scheme == "fp8":
+            if not env.cuda:
+                return "FP8 needs a CUDA device (torchao float8 kernels): none is present"
             if recipe.engine == "onnxruntime":
                 return "onnxruntime-genai has no FP8 weight path"
-            if not env.cuda or not on_cuda:
-                return "FP8 needs a CUDA device (torchao float8 kernels); none is present or the champion is on CPU"
+            if not on_cuda:
+                return "FP8 needs a CUDA device (torchao float8 kernels); the champion runs on CPU"
             if env.cuda_capability and tuple(env.cuda_capability) < FP8_MIN_CAPABILITY:
                 return f"FP8 needs compute capability >= 8.9; this GPU has {env.cuda_capability}"
         if self.scheme == "int4" and recipe.engine == "torch" and not on_cuda:
