@@ -454,6 +454,14 @@ def serve(engine: Engine):
     if recipe.batching == "continuous" and engine.name == "torch":
         from experiments.serving.continuous import ContinuousServer
 
+        if recipe.scheduler == "own":
+            from experiments.serving.iteration import IterationServer
+
+            if recipe.prefix_caching:
+                raise ValueError("prefix caching needs transformers' paged KV cache; the own scheduler has none")
+            return IterationServer(engine, recipe.max_batch, recipe.max_tokens_per_step)
+        if recipe.scheduler != "transformers":
+            raise ValueError(f"unknown continuous scheduler {recipe.scheduler!r}; known: transformers, own")
         return ContinuousServer(engine, recipe.max_tokens_per_step, recipe.kv_block_size, recipe.kv_num_blocks,
                                 recipe.prefix_caching)
     from experiments.serving.batching import BatchingServer

@@ -32,6 +32,10 @@ class Recipe:
     kv_num_blocks: int = 0           # continuous: blocks in the pool
     max_tokens_per_step: int = 0     # continuous: prefill + decode tokens one step may carry
     prefix_caching: bool = False     # continuous: full KV blocks of a shared prompt prefix are reused
+    # continuous batching over the torch model: transformers (its paged-KV manager) | own (iteration-level
+    # scheduler over a left-padded batched KV cache, experiments/serving/iteration.py). Runs logged before
+    # this field ran transformers', hence the default.
+    scheduler: str = "transformers"
 
 
 @dataclass(frozen=True)

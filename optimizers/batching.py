@@ -3,21 +3,29 @@
 static: wait for a full batch of B (or a timeout), run it to completion, then the next batch (the seed's
 "static batch of 4"); dynamic: run when either B requests or the wait window is reached — both over
 onnxruntime-genai's Engine. continuous: requests join and leave the running batch at every step over a paged
-KV cache — onnxruntime-genai's PagedAttention on CUDA, transformers' continuous batching (torch) elsewhere,
-since onnxruntime-genai's CPU Engine batches statically only.
+KV cache — onnxruntime-genai's PagedAttention on CUDA, elsewhere the torch model under one of two
+iteration-level schedulers (`scheduler`): transformers' continuous-batching manager over a paged KV cache, or
+our own over a left-padded batched KV cache (experiments/serving/iteration.py) — since onnxruntime-genai's
+CPU Engine batches statically only.
 """
 from optimizers.base import Candidate, Env, Optimizer
 
 KINDS = ("static", "dynamic", "continuous")
+SCHEDULERS = ("transformers", "own")    # continuous batching over the torch model
 
 
 class Batching(Optimizer):
     cost = "zero"
 
     def __init__(self, kind: str, max_batch: int, max_wait_ms: float = 0.0, kv_block_size: int = 16,
-                 kv_num_blocks: int = 0, max_tokens_per_step: int = 0):
+                 kv_num_blocks: int = 0, max_tokens_per_step: int = 0, scheduler: str | None = None):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        if scheduler is not None and (kind != "continuous" or scheduler not in SCHEDULERS):
+            raise ValueError(f"scheduler selects the continuous-batching implementation: one of {SCHEDULERS}, "
+                             f"with kind: continuous only (got scheduler={scheduler!r}, kind={kind!r})")
+        if scheduler == "own" and max_tokens_per_step < 1:
+            raise ValueError(f"the own continuous scheduler needs max_tokens_per_step >= 1 (got {max_tokens_per_step})")
         if max_batch < 1 or max_wait_ms < 0:
             raise ValueError(f"max_batch must be >= 1 and max_wait_ms >= 0 (got {max_batch}, {max_wait_ms})")
         if kind == "continuous" and (kv_block_size < 1 or kv_num_blocks < 0 or max_tokens_per_step < 0):
@@ -28,6 +36,7 @@ class Batching(Optimizer):
         self.kind, self.max_batch, self.max_wait_ms = kind, max_batch, max_wait_ms
         self.kv_block_size, self.kv_num_blocks = kv_block_size, kv_num_blocks
         self.max_tokens_per_step = max_tokens_per_step
+        self.scheduler = scheduler or "transformers"
 
     def check(self, env: Env, cand: Candidate) -> str | None:
         recipe = cand.recipe
@@ -37,7 +46,8 @@ class Batching(Optimizer):
             return f"static and dynamic batching drive onnxruntime-genai's Engine; the champion runs {recipe.engine}"
         if self.kind == "continuous" and self._paged_ort(cand) and not env.cuda:
             return "onnxruntime-genai's PagedAttention needs a CUDA device; none is present"
-        if self.kind == "continuous" and not self._paged_ort(cand) and not self.kv_num_blocks:
+        if self.kind == "continuous" and not self._paged_ort(cand) and not self.kv_num_blocks \
+                and self.scheduler == "transformers":
             return "kv_num_blocks: 0 (size from GPU memory) applies to CUDA only; set a block count for torch"
         if recipe.cuda_graph or recipe.compile != "none":
             return "a compiled or graph-captured champion has fixed shapes; batching comes before compilation here"
@@ -55,5 +65,5 @@ class Batching(Optimizer):
             if self._paged_ort(cand):
                 changes.update(precision="fp16")        # PagedAttention runs fp16/bf16 only
             else:
-                changes.update(engine="torch")          # transformers' continuous batching over the torch model
+                changes.update(engine="torch", scheduler=self.scheduler)   # a scheduler over the torch model
         return cand.edited(self.name, **changes)

@@ -14,6 +14,9 @@ class PrefixCaching(Optimizer):
                     f"the champion's batching is {recipe.batching}")
         if recipe.engine != "torch":
             return f"onnxruntime-genai's paged engine ({recipe.engine}) has no prefix sharing"
+        if recipe.scheduler == "own":
+            return ("the champion's own continuous scheduler keeps a left-padded batched KV cache, not a paged one: "
+                    "there are no blocks to share (prefix caching needs continuous_batching's scheduler: transformers)")
         if recipe.prefix_caching:
             return "the champion already caches prefixes"
         return None

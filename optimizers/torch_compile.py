@@ -11,6 +11,9 @@ class TorchCompile(Optimizer):
             return f"torch.compile compiles the torch engine; the champion runs {cand.recipe.engine}"
         if cand.recipe.compile != "none" or cand.recipe.cuda_graph:
             return "the champion is already compiled"
+        if cand.recipe.batching == "continuous" and cand.recipe.scheduler == "own":
+            return ("the own continuous scheduler runs the eager model on shapes that change every step (batch, "
+                    "cache length); compiling it is not built")
         if cand.recipe.batching == "continuous":
             return "transformers' continuous batching runs its own paged forward; compile it through its config"
         return None

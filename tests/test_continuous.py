@@ -11,6 +11,7 @@ from optimizers.base import Candidate, Env
 from optimizers.batching import Batching
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 from optimizers.prefix_caching import PrefixCaching
+from serving_requests import prompt, wait
 
 BLOCK = 16
 
@@ -26,15 +27,6 @@ def server(engine):
                            prefix_caching=False)
     yield srv
     srv.close()
-
-
-def prompt(i, n_in, n_out, start=5):
-    return Prompt(i, tuple(range(start, start + n_in)), n_out)
-
-
-def wait(rec, timeout=60):
-    assert rec.done.wait(timeout), "request did not finish"
-    assert rec.error is None, rec.error
 
 
 def test_a_new_request_joins_the_running_batch_at_the_next_step(server):

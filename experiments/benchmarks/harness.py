@@ -60,23 +60,30 @@ def instrumentation_overhead(engine: Engine, workload: Workload, rounds: int = 5
 
 
 def batching_comparison(base_candidate, ort_candidate, workload: Workload, threads: int, artefacts,
-                        concurrency: int = 16):
+                        concurrency: int = 16, engines=("onnxruntime", "torch")):
     """Sequential vs static vs dynamic vs continuous batching, same load. onnxruntime-genai batches statically
-    on CPU, so continuous batching (transformers' manager, paged KV) is compared within the torch engine."""
+    on CPU, so continuous batching is compared within the torch engine: transformers' manager (paged KV) and
+    our own iteration-level scheduler (left-padded batched KV), same batch and token budget. `engines` picks
+    the rows by the engine their label starts with."""
     from optimizers.base import Env
     from optimizers.batching import Batching
     from experiments.serving import build_engine
 
     cfg = _level_cfg(concurrency)
     env = Env.detect()
-    continuous = Batching("continuous", 32, kv_block_size=16, kv_num_blocks=1024, max_tokens_per_step=512)
+    continuous = Batching("continuous", 32, kv_block_size=16, kv_num_blocks=1024, max_tokens_per_step=512,
+                          scheduler="transformers")
+    own = Batching("continuous", 32, max_tokens_per_step=512, scheduler="own")
     rows = {}
     for label, start, rung in (
             ("onnxruntime: one at a time", ort_candidate, None),
             ("onnxruntime: static (B=16, 200 ms)", ort_candidate, Batching("static", 16, 200)),
             ("onnxruntime: dynamic (B=16, 5 ms)", ort_candidate, Batching("dynamic", 16, 5)),
             ("torch: one at a time", base_candidate, None),
-            ("torch: continuous (paged KV, 16-token blocks)", ort_candidate, continuous)):
+            ("torch: continuous (paged KV, 16-token blocks)", ort_candidate, continuous),
+            ("torch: continuous (own scheduler, padded KV)", ort_candidate, own)):
+        if label.split(":")[0] not in engines:
+            continue
         reason = rung.check(env, start) if rung else None
         if reason:
             rows[label] = reason
