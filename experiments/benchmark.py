@@ -146,6 +146,21 @@ class SequentialServer:
 
 
 # --- resource sampling ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ResourceSeries:
+    """The samples of one level, in time order, every `interval_s`: what the diagnosis reads curve shapes from.
+    CPU percent is of one core (psutil: 200 = two cores busy); GPU lists are empty without NVML."""
+    interval_s: float
+    cpu_percent: tuple[float, ...] = ()
+    rss_mb: tuple[float, ...] = ()
+    host_mem_percent: tuple[float, ...] = ()
+    gpu_util: tuple[float, ...] = ()
+    gpu_mem_mb: tuple[float, ...] = ()
+    gpu_mem_total_mb: float | None = None
+    cpu_count: int = 1
+    gpu_skipped: str = ""
+
+
 class ResourceSampler:
     """CPU utilisation and RSS of this (serving) process, GPU utilisation and memory through NVML when a CUDA
     device is present, and the KV blocks a paged-cache server holds, sampled in the background."""
@@ -157,6 +172,8 @@ class ResourceSampler:
         self.gpu_util: list[float] = []
         self.gpu_mem_mb: list[float] = []
         self.kv_mb: list[float] = []
+        self.host_mem_percent: list[float] = []
+        self.gpu_mem_total_mb: float | None = None
         self.gpu_skipped = ""
         self._kv_probe = kv_probe
         self._stop = threading.Event()
@@ -187,11 +204,14 @@ class ResourceSampler:
         while not self._stop.wait(self.interval_s):
             self.cpu.append(self._proc.cpu_percent(None))
             self.rss_mb.append(self._proc.memory_info().rss / 2**20)
+            self.host_mem_percent.append(psutil.virtual_memory().percent)
             if self._gpu is not None:
                 import pynvml
 
                 self.gpu_util.append(float(pynvml.nvmlDeviceGetUtilizationRates(self._gpu).gpu))
-                self.gpu_mem_mb.append(pynvml.nvmlDeviceGetMemoryInfo(self._gpu).used / 2**20)
+                memory = pynvml.nvmlDeviceGetMemoryInfo(self._gpu)
+                self.gpu_mem_mb.append(memory.used / 2**20)
+                self.gpu_mem_total_mb = memory.total / 2**20
             usage = self._kv_probe() if self._kv_probe else None
             if usage is not None:
                 self.kv_mb.append(usage.mb_in_use)
@@ -199,6 +219,11 @@ class ResourceSampler:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+
+    def series(self) -> ResourceSeries:
+        return ResourceSeries(self.interval_s, tuple(self.cpu), tuple(self.rss_mb), tuple(self.host_mem_percent),
+                              tuple(self.gpu_util), tuple(self.gpu_mem_mb), self.gpu_mem_total_mb,
+                              psutil.cpu_count() or 1, self.gpu_skipped)
 
     def summary(self) -> dict[str, float | None]:
         mean = lambda xs: float(np.mean(xs)) if xs else None  # noqa: E731
@@ -224,6 +249,7 @@ class LevelReport:
     gpu_util_mean: float | None = None  # NVML, when a CUDA device is present
     gpu_mem_mb_max: float | None = None
     kv_mb_max: float | None = None     # paged KV cache: the most KV memory the sequences held at once
+    resources: ResourceSeries | None = field(default=None, repr=False)   # the samples, for the diagnosis
 
     def validity(self, windows: int = 5, tolerance: float = 0.10) -> dict[str, bool]:
         """ARCHITECTURE.md's rules: stable = last 3 windows within +-10 % (throughput and P50 E2E);
@@ -304,7 +330,8 @@ def run_level(server: SequentialServer, workload: Workload, load: float, cfg, co
         duration = time.perf_counter() - started
     level = LevelReport(concurrency=int(round(load)), duration_s=duration, records=tuple(records), stats={},
                         min_requests_met=len(records) >= cfg.min_requests,
-                        offered_qps=float(load) if open_loop else None, started=started, **sampler.summary())
+                        offered_qps=float(load) if open_loop else None, started=started,
+                        resources=sampler.series(), **sampler.summary())
     level.stats.update({m: LatencyStats.from_samples(level.values(m), confidence) for m in LATENCY_METRICS})
     return level
 

@@ -168,8 +168,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         if champion and champion.capacity:
             mlflow.log_metrics(champion.capacity.to_metrics())
             mlflow.log_text(champion.capacity.to_markdown(), "capacity/plan.md")
-        if champion is not None:
-            _diagnose_model_layer(champion.candidate, cfg)
+        _diagnose(outcomes, champion, sweep)
         mlflow.log_text(_markdown_table(outcomes, top), "summary.md")
         _log_plots(outcomes, champion, cfg)
     return SweepResult(parent.info.run_id, experiment_id, outcomes, champion)
@@ -344,19 +343,56 @@ def _log_plots(outcomes: list[RungOutcome], champion: RungOutcome | None, cfg: D
     mlflow.log_figure(report.pareto(outcomes, obj.metric, obj.stat, level), "plots/pareto_latency_accuracy.png")
 
 
-def _diagnose_model_layer(cand: Candidate, cfg: DictConfig) -> None:
-    """The champion on the roofline of the configured hardware (the seed's model-layer drill-down)."""
-    from transformers import AutoConfig
+def _diagnose(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: Sweep) -> None:
+    """The seed's three-layer drill-down (experiments/diagnose.py): tags `roi.diagnosis` and
+    `roi.recommended_next_rung` on every measured rung's run, and on the sweep's run for the champion, whose
+    decode step is profiled too; a profiler that fails costs the table, not the sweep."""
+    from dataclasses import replace
 
+    from experiments import diagnose, profiling, roofline
+
+    cfg = sweep.cfg
+    rules, hardware = cfg.diagnosis, roofline.Hardware.from_conf(cfg.hardware)   # local CPU: measured once, here
+    tried, names = {o.name: o.verdict.status for o in outcomes}, [o.name for o in outcomes]
+    client, found = mlflow.tracking.MlflowClient(), {}
+    for o in outcomes:
+        if o.bench is None or o.candidate is None or not o.run_id:
+            continue
+        try:
+            found[o.name] = diagnose.diagnose(o.bench, diagnose.place_on_roofline(o.candidate, cfg.target.workload,
+                                              hardware), rules, o.candidate.rungs, tried, names)
+            diagnose.log_to_run(client, o.run_id, found[o.name])
+        except Exception as exc:  # noqa: BLE001  (a diagnosis that breaks is recorded, the sweep goes on)
+            log.exception("diagnosing %s failed", o.name)
+            client.set_tag(o.run_id, "roi.diagnosis", f"failed: {type(exc).__name__}: {str(exc)[:400]}")
+    if champion is None or champion.name not in found:
+        return
+    _diagnose_model_layer(diagnose.place_on_roofline(champion.candidate, cfg.target.workload, hardware))
+    profile = None
+    try:
+        with sweep.ui.stage(f"diagnosis: profiling {champion.name}'s decode step"):
+            engine = build_engine(champion.candidate, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
+            try:
+                ids = [t for p in sweep.workload.prompts for t in p.token_ids][:int(rules.profile.prompt_tokens)]
+                profile = profiling.profile_decode(engine, ids, int(rules.profile.decode_steps))
+            finally:
+                engine.close()
+        mlflow.log_text(profile.to_markdown(int(rules.profile.top_ops)), "diagnosis/framework_profile.md")
+        mlflow.log_metrics(profile.to_metrics())
+    except Exception as exc:  # noqa: BLE001  (the diagnosis says what it could not do)
+        log.exception("profiling the champion failed")
+        mlflow.set_tag("roi.diagnosis.framework_profile", f"failed: {type(exc).__name__}: {str(exc)[:400]}")
+    result = replace(found[champion.name], profile=profile)
+    mlflow.set_tags(result.tags())
+    mlflow.log_metrics(result.to_metrics())
+    mlflow.log_text(result.to_markdown(), "diagnosis/diagnosis.md")
+    sweep.ui.note(f"diagnosis of {champion.name}: {result.tag}\n  recommended next rung: {result.next_rung}")
+
+
+def _diagnose_model_layer(report) -> None:
+    """The champion on the roofline of the configured hardware (the seed's model-layer drill-down)."""
     from experiments import roofline
 
-    recipe, wl = cand.recipe, cfg.target.workload
-    shape = roofline.ModelShape.from_config(AutoConfig.from_pretrained(cand.target.model_dir))
-    report = roofline.Roofline.analyse(
-        shape, roofline.Hardware.from_conf(cfg.hardware),
-        *roofline.weight_and_kv_bytes(recipe.precision, recipe.quantization),
-        prefill_tokens=max(wl.input_tokens), decode_batch=max(1, recipe.max_batch),
-        context=max(wl.input_tokens) + max(wl.output_tokens))
     mlflow.log_metrics(report.to_metrics())
     mlflow.log_figure(roofline.plot(report), "diagnosis/roofline.png")
     mlflow.log_text(report.to_markdown(), "diagnosis/roofline.md")

@@ -1,8 +1,8 @@
 """Distillation: a student with fewer layers, taught by the champion's model — high cost, so evidence first.
 
 The seed keeps model-structure changes for when the model layer itself is the bottleneck: this rung runs only
-when, in the champion's benchmark, model compute dominates end-to-end time and the SLA is still unmet (or when
-`force` says so); otherwise it is skipped with the numbers. The student is an ordinary model folder, so the
+when, in the champion's benchmark, model compute dominates end-to-end time, the SLA is still unmet and no resource-layer shape
+(experiments/diagnose.py) points elsewhere (or when `force` says so); otherwise it is skipped with the numbers. The student is an ordinary model folder, so the
 champion's recipe (engine, precision, batching, ...) runs it unchanged, and the same gate judges it.
 """
 from __future__ import annotations
@@ -28,9 +28,15 @@ class Evidence:
     missed: tuple[str, ...]    # "<slo> at c=<level>" for every miss
     capacity: int | None       # the SLA-capacity search's answer, when it ran
     capacity_ran: bool
+    elsewhere: tuple[str, ...] = ()   # resource-layer shapes that point away from the model (diagnose.py)
+    resources: str = ""               # every shape the resource layer saw, for the record
 
     @classmethod
-    def from_bench(cls, bench) -> "Evidence":
+    def from_bench(cls, bench, resource_rules=None) -> "Evidence":
+        from experiments.diagnose import POINTS_AWAY_FROM_MODEL, default_rules, resource_layer
+
+        layer = resource_layer(bench.levels, resource_rules or default_rules().resource)
+        away = tuple(f.brief() for f in layer.fired if f.rule in POINTS_AWAY_FROM_MODEL)
         top = bench.levels[-1]
         model, e2e = top.stats.get("model_ms"), top.stats.get("e2e_ms")
         if model is None or e2e is None:
@@ -40,7 +46,8 @@ class Evidence:
                        if not slo.met_by(lv))
         cap = bench.capacity
         return cls(top.concurrency, model.mean, e2e.mean, tuple(s.text for s in bench.slos), missed,
-                   None if cap is None else cap.concurrency, cap is not None)
+                   None if cap is None else cap.concurrency, cap is not None, away,
+                   layer.summary() if layer.fired else "")
 
     @property
     def model_share(self) -> float:
@@ -73,7 +80,8 @@ class Distillation(Optimizer):
 
     def __init__(self, student_layers: int, steps: int, seq_len: int, batch_size: int, lr: float,
                  temperature: float, alpha: float, seed: int, threads: int, cache_dir: str,
-                 corpus_heldout_every: int | None, force: bool = False, model_share_min: float = 0.7):
+                 corpus_heldout_every: int | None, force: bool = False, model_share_min: float = 0.7,
+                 resource_rules=None):
         from experiments.distill import DistillSettings
 
         if not 0 < model_share_min <= 1:
@@ -82,6 +90,7 @@ class Distillation(Optimizer):
         self.threads, self.cache_dir = int(threads), Path(cache_dir)
         self.corpus_heldout_every = corpus_heldout_every
         self.force, self.model_share_min = bool(force), float(model_share_min)
+        self.resource_rules = resource_rules   # conf/diagnosis resource thresholds (None: the shipped ones)
         self.evidence: Evidence | None = None
         self.no_evidence = NO_BENCH   # why there is no evidence, while `evidence` is None
         self.decision = ""         # why `check` let it run (forced, or the evidence), for the rung's record
@@ -93,7 +102,7 @@ class Distillation(Optimizer):
             self.no_evidence = NO_BENCH
             return
         try:
-            self.evidence = Evidence.from_bench(bench)
+            self.evidence = Evidence.from_bench(bench, self.resource_rules)
         except ValueError as exc:
             self.no_evidence = str(exc)
 
@@ -120,9 +129,13 @@ class Distillation(Optimizer):
         if ev.model_share < self.model_share_min:
             return (f"the model layer is not the bottleneck: {ev.describe_share()}, below model_share_min "
                     f"{self.model_share_min:.0%}; {ev.describe_sla()}")
+        if ev.elsewhere:
+            return (f"the model layer is not the bottleneck: the resource layer points elsewhere: "
+                    f"{'; '.join(ev.elsewhere)} ({ev.describe_share()})")
         if not ev.sla_unmet:
             return f"nothing to gain from a smaller model: {ev.describe_sla()} ({ev.describe_share()})"
-        self.decision = f"the model layer is the bottleneck: {ev.describe_share()}; {ev.describe_sla()}"
+        self.decision = f"the model layer is the bottleneck: {ev.describe_share()}; {ev.describe_sla()}" + (
+            f"; resource layer: {ev.resources}" if ev.resources else "")
         return None
 
     def apply(self, cand: Candidate) -> Candidate:
