@@ -11,7 +11,8 @@ from scipy import stats
 from experiments.accuracy import AccuracyReport
 from experiments.benchmark import BenchmarkReport
 from experiments.errors import ConfigError
-from experiments.stats import ratio_ci
+from experiments.interleaved import check_config as check_interleaved
+from experiments.stats import ratio_ci, rounds_ratio_ci
 
 TOLERANCES = ("max_drop_abs", "max_drop_rel")
 # lm-eval's per-document metric name, as in its samples; results keys add a filter (`acc,none`).
@@ -49,23 +50,41 @@ class Gate:
         self.cfg = cfg
         self.seed = seed
 
-    def performance(self, champion: BenchmarkReport, challenger: BenchmarkReport) -> Criterion:
+    def objective_concurrency(self, champion: BenchmarkReport) -> int:
         obj = self.cfg.objective
-        metric, stat = obj.metric, obj.stat
-        level = max(lv.concurrency for lv in champion.levels) if obj.concurrency == "max" else int(obj.concurrency)
-        a = challenger.level(level).values(metric)
-        b = champion.level(level).values(metric)
+        return max(lv.concurrency for lv in champion.levels) if obj.concurrency == "max" else int(obj.concurrency)
+
+    def performance(self, champion: BenchmarkReport, challenger: BenchmarkReport) -> Criterion:
+        """Against the champion's recorded run: a bootstrap over the requests of the two runs."""
+        obj = self.cfg.objective
+        level = self.objective_concurrency(champion)
+        a = challenger.level(level).values(obj.metric)
+        b = champion.level(level).values(obj.metric)
         if len(a) < 2 or len(b) < 2:
             return Criterion("performance", False, f"too few successful requests at c={level} to compare "
                                                    f"({len(a)} vs {len(b)})")
-        ratio, lo, hi = ratio_ci(a, b, stat, self.cfg.confidence, self.cfg.bootstrap_resamples, self.seed)
+        ratio, lo, hi = ratio_ci(a, b, obj.stat, self.cfg.confidence, self.cfg.bootstrap_resamples, self.seed)
+        return self._judged(ratio, lo, hi, f"{obj.metric} {obj.stat} @c={level}", {})
+
+    def interleaved(self, rounds, challenger: str = "challenger", champion: str = "champion") -> Criterion:
+        """Against the champion re-measured beside the challenger: a t-interval over the per-round ratios."""
+        obj = self.cfg.objective
+        ratios = rounds.ratios(challenger, champion, obj.metric, obj.stat)
+        label = f"{obj.metric} {obj.stat} @c={rounds.concurrency}, {len(ratios)} interleaved rounds"
+        if len(ratios) < 2 or not np.isfinite(ratios).all():
+            return Criterion("performance", False, f"{label}: a round without successful requests or fewer "
+                                                   f"than 2 rounds ({np.round(ratios, 3).tolist()})")
+        ratio, lo, hi = rounds_ratio_ci(ratios, self.cfg.confidence)
+        spread = {"rounds": float(len(ratios)), "round_ratio_min": float(ratios.min()),
+                  "round_ratio_max": float(ratios.max())}
+        return self._judged(ratio, lo, hi, label, spread)
+
+    def _judged(self, ratio: float, lo: float, hi: float, label: str, extra: dict) -> Criterion:
         need = 1 - self.cfg.min_gain
         passed = hi < need
-        label = f"{metric} {stat} @c={level}"
-        detail = (f"{label} ratio {ratio:.3f} [{lo:.3f}, {hi:.3f}] "
-                  f"{'<' if passed else '>='} {need:.2f} needed")
+        detail = f"{label} ratio {ratio:.3f} [{lo:.3f}, {hi:.3f}] {'<' if passed else '>='} {need:.2f} needed"
         return Criterion("performance", passed, detail,
-                         {"ratio": ratio, "ratio_ci_low": lo, "ratio_ci_high": hi, "ratio_needed": need})
+                         {"ratio": ratio, "ratio_ci_low": lo, "ratio_ci_high": hi, "ratio_needed": need, **extra})
 
     def slos(self, champion: BenchmarkReport, challenger: BenchmarkReport) -> Criterion:
         """Every SLO still met at each level where the champion met them all."""
@@ -149,6 +168,8 @@ def check_config(cfg_gate) -> None:
                           "give the per-document metric without a filter suffix, e.g. acc_mutual_info "
                           "(not acc_mutual_info,none)")
     tolerances(cfg_gate.accuracy)
+    if cfg_gate.get("interleaved") is not None:
+        check_interleaved(cfg_gate.interleaved)
 
 
 def _number(raw, key: str, hint: str) -> float:

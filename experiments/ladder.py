@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlflow
+import numpy as np
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import soak, tracking
+from experiments import interleaved, soak, tracking
 from experiments.accuracy import AccuracyReport, check_tasks, evaluate
 from experiments.benchmark import LATENCY_METRICS, BenchmarkReport, Workload, check_load, run_benchmark, serve
 from experiments.capacity import check_config as check_capacity_config, plan
@@ -203,7 +204,7 @@ def _climb(name, opt, champion, sweep: Sweep) -> RungOutcome:
                     if champion is None:
                         outcome.verdict = Verdict("accepted", "baseline: the first champion, measured as is")
                     else:
-                        criteria = [gate.performance(champion.bench, outcome.bench)]
+                        criteria = [_performance(champion, outcome.bench, engine, sweep, name)]
                         if cfg.gate.get("slos_still_met", True):
                             criteria.append(gate.slos(champion.bench, outcome.bench))
                         criteria += [gate.accuracy(c, n) for c, n in zip(champion.accuracy, outcome.accuracy)]
@@ -268,6 +269,35 @@ def _measure(cand, sweep: Sweep, name: str):
             engine.close()
         del engine
         gc.collect()
+
+
+def _performance(champion: RungOutcome, bench: BenchmarkReport, engine, sweep: Sweep, name: str) -> Criterion:
+    """The champion rebuilt and measured beside the challenger in alternating rounds (gate.interleaved), or,
+    with rounds: 0, compared with its recorded run."""
+    cfg, gate = sweep.cfg, sweep.gate
+    rounds_cfg = cfg.gate.interleaved
+    if not rounds_cfg.rounds:
+        return gate.performance(champion.bench, bench)
+    c = gate.objective_concurrency(champion.bench)
+    with sweep.ui.stage(f"{name}: champion and challenger in {rounds_cfg.rounds} alternating rounds at c={c}") as st:
+        rival = build_engine(champion.candidate, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
+        servers = {}
+        try:
+            servers["champion"] = serve(rival)
+            servers["challenger"] = serve(engine)
+            rounds = interleaved.measure(servers, sweep.workload, cfg.benchmark, rounds_cfg, c, cfg.gate.confidence,
+                                         on_round=lambda r: st.update(f"{name}: interleaved round {r + 1} of "
+                                                                      f"{rounds_cfg.rounds} at c={c}"))
+        finally:
+            for server in servers.values():
+                server.close()
+            rival.close()
+    obj = cfg.gate.objective
+    mlflow.log_text(rounds.to_csv(obj.metric, obj.stat), "gate/interleaved_rounds.csv")
+    for r, ratio in enumerate(rounds.ratios("challenger", "champion", obj.metric, obj.stat)):
+        if np.isfinite(ratio):
+            mlflow.log_metric("gate/round_ratio", float(ratio), step=r)
+    return gate.interleaved(rounds)
 
 
 def _soak(engine, bench: BenchmarkReport, criteria: list[Criterion], sweep: Sweep, name: str) -> list[Criterion]:

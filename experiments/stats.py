@@ -62,7 +62,7 @@ def ratio_ci(challenger, champion, stat: str, confidence: float, resamples: int,
     a, b = np.asarray(challenger, float), np.asarray(champion, float)
 
     def statistic(x, y, axis=-1):
-        return _stat(x, stat, axis) / _stat(y, stat, axis)
+        return summary_stat(x, stat, axis) / summary_stat(y, stat, axis)
 
     point = float(statistic(a, b))
     res = stats.bootstrap((a, b), statistic, n_resamples=resamples, confidence_level=confidence,
@@ -71,7 +71,21 @@ def ratio_ci(challenger, champion, stat: str, confidence: float, resamples: int,
     return point, float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def _stat(x, stat: str, axis=-1):
+def rounds_ratio_ci(ratios, confidence: float) -> tuple[float, float, float]:
+    """(geometric mean, low, high) of per-round ratios: a t-interval on their logs, rounds as the replicates.
+
+    Each round's ratio carries both request-to-request noise and whatever drifted between rounds, so the
+    interval covers run-to-run variation that a bootstrap within one pair of runs cannot see.
+    """
+    logs = np.log(np.asarray(ratios, float))
+    n = len(logs)
+    mean = float(logs.mean())
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * logs.std(ddof=1) / np.sqrt(n))
+    return float(np.exp(mean)), float(np.exp(mean - half)), float(np.exp(mean + half))
+
+
+def summary_stat(x, stat: str, axis=-1):
+    """mean, or a percentile named pNN."""
     if stat == "mean":
         return np.mean(x, axis=axis)
     return np.percentile(x, float(stat.lstrip("p")), axis=axis)

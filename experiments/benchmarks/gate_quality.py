@@ -1,12 +1,15 @@
 """`make bench-gate`: does the gate decide right on real measurements of the built-in model? Rates in one run.
 
-The gate from conf/ (the thresholds the ladder uses) judges real runs:
-(a) A/A: the same configuration measured twice (two engines built from one recipe, two independent load runs)
-    -> share judged "no significant change": not accepted, and the ratio CI claims no slowdown (goal >= 95 %);
+The gate from conf/ (the thresholds and the interleaved rounds the ladder uses) judges real runs:
+(a) A/A: the same configuration measured twice (two engines built from one recipe, measured in alternating
+    rounds) -> share judged "no significant change": not accepted, and the ratio CI claims no slowdown
+    (goal >= 95 %);
 (b) an injected 10 % slowdown (each decode step busy-waits 10 % of its own measured compute)
     -> share rejected with the ratio CI above 1 (goal >= 95 %);
 (c) an injected accuracy drop (Gaussian noise on the decoder's weights, scale calibrated to cost ~2 points of
-    the gate's metric) -> share the accuracy criterion rejects, over N noise seeds (goal >= 95 %).
+    the gate's metric) -> share the gate rejects over N noise seeds (goal >= 95 %): its accuracy criterion
+    (lm-eval, paired z-test) and its fidelity criterion (KL / top-1 against the clean model), each shown.
+For contrast, the same runs judged the old way: one run each, a bootstrap over their requests.
 """
 from __future__ import annotations
 
@@ -15,7 +18,6 @@ import os
 os.environ.setdefault("TQDM_DISABLE", "1")   # tqdm reads it on import (lm-eval's, below): a bar per evaluation
 
 import argparse
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,11 +30,13 @@ from rich.console import Console
 from rich.table import Table
 from scipy import stats
 
+from experiments import interleaved
 from experiments.accuracy import evaluate
-from experiments.benchmark import Workload, run_benchmark
+from experiments.benchmark import BenchmarkReport, Workload, serve
 from experiments.benchmarks.common import compose_default
 from experiments.console import quiet_libraries
-from experiments.gate import Gate, check_config
+from experiments.fidelity import BaselineLogprobs, fixed_sequences, judge
+from experiments.gate import Criterion, Gate, check_config
 from experiments.serving import build_engine
 from experiments.serving.engine import Engine
 from experiments.targets import resolve
@@ -45,7 +49,8 @@ SLOWDOWN = 0.10
 TARGET_DROP = 0.02                        # points of the gate's accuracy metric
 CALIBRATION_SIGMAS = (0.5, 1.0, 1.5, 2.0)  # noise sd in units of each weight matrix's own sd
 CALIBRATION_SEEDS = (10_001, 10_002)      # apart from the measured seeds 0..N-1
-QUIET = 0.05                              # other processes' share of the CPUs in a quiet round
+QUIET = 0.05                              # other processes' share of the CPUs in a quiet trial
+CONCURRENCY = 4
 
 
 class SlowedEngine(Engine):
@@ -124,40 +129,60 @@ def setup(console):
     target, texts, shipped_tasks = resolve(cfg.target, Path(cfg.cache_dir), Path(cfg.data_dir), console.print)
     from transformers import AutoTokenizer
 
+    tokenizer = AutoTokenizer.from_pretrained(target.model_dir)
     wl = cfg.target.workload
-    workload = Workload.from_texts(texts, AutoTokenizer.from_pretrained(target.model_dir), wl.input_tokens,
-                                   wl.output_tokens, wl.prompts, max(8, cfg.benchmark.warmup_requests), cfg.seed,
-                                   wl.get("shared_prefix_tokens", 0))
+    workload = Workload.from_texts(texts, tokenizer, wl.input_tokens, wl.output_tokens, wl.prompts,
+                                   max(8, cfg.benchmark.warmup_requests), cfg.seed, wl.get("shared_prefix_tokens", 0))
+    fid = cfg.gate.fidelity
+    windows = fixed_sequences(tokenizer, texts, int(fid.sequences), int(fid.length), cfg.seed)
     include_path = Path(cfg.accuracy.include_path) if cfg.accuracy.include_path else shipped_tasks
-    return cfg, EagerBaseline().apply(Candidate(target)), workload, include_path
+    return cfg, EagerBaseline().apply(Candidate(target)), workload, include_path, windows
 
 
-def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, seconds: float, console):
-    """N rounds of three runs (champion, the same again, slowed) in a seeded random order, so drift hits all."""
+def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, concurrency: int, console):
+    """N trials; each builds three engines (champion, the same recipe again, slowed) and measures them in the
+    gate's interleaved rounds. Also judged the old way: round 0's runs alone, a bootstrap over requests."""
     ort = OnnxRuntimeSwap().apply(base)
     artefacts = Path(cfg.cache_dir) / "artefacts"
-    load = OmegaConf.merge(cfg.benchmark, {"concurrency": [4], "min_requests": 100, "min_duration_s": seconds,
-                                           "max_duration_s": 10 * seconds, "slos": [], "sla_search": False})
-    order = random.Random(cfg.seed)
-    same, slowed, others = [], [], []
+    load = OmegaConf.merge(cfg.benchmark, {"slos": [], "sla_search": False, "max_duration_s": 60.0})
+    trials = []
     for i in range(n):
-        runs = {}
+        engines, servers = {}, {}
         with OtherLoad() as load_meter:
-            for kind in order.sample(["champion", "same", "slowed"], 3):
-                engine = build_engine(ort, int(cfg.threads), artefacts)
-                if kind == "slowed":
-                    engine = SlowedEngine(engine, SLOWDOWN)
-                try:
-                    runs[kind] = run_benchmark(engine, workload, load, cfg.gate.confidence)
-                finally:
+            try:
+                for kind in ("champion", "same", "slowed"):
+                    engines[kind] = build_engine(ort, int(cfg.threads), artefacts)
+                    if kind == "slowed":
+                        engines[kind] = SlowedEngine(engines[kind], SLOWDOWN)
+                    servers[kind] = serve(engines[kind])
+                rounds = interleaved.measure(servers, workload, load, cfg.gate.interleaved, concurrency,
+                                             cfg.gate.confidence)
+            finally:
+                for server in servers.values():
+                    server.close()
+                for engine in engines.values():
                     engine.close()
-        same.append(gate.performance(runs["champion"], runs["same"]))
-        slowed.append(gate.performance(runs["champion"], runs["slowed"]))
-        others.append(load_meter.share)
-        console.print(f"  round {i + 1}/{n}: A/A {_ratio(same[-1])}   slowed {_ratio(slowed[-1])}   "
-                      f"other processes {others[-1]:.0%} of the CPUs", highlight=False)
-    requests = len(runs["champion"].levels[0].records)
-    return same, slowed, others, requests
+        single = {k: BenchmarkReport((levels[0],)) for k, levels in rounds.runs.items()}
+        trials.append(Trial(same=gate.interleaved(rounds, "same", "champion"),
+                            slowed=gate.interleaved(rounds, "slowed", "champion"),
+                            same_single=gate.performance(single["champion"], single["same"]),
+                            slowed_single=gate.performance(single["champion"], single["slowed"]),
+                            others=load_meter.share, requests=len(rounds.runs["champion"][0].records)))
+        t = trials[-1]
+        console.print(f"  trial {i + 1}/{n}: A/A {_ratio(t.same)}   slowed {_ratio(t.slowed)}   "
+                      f"(one run each: A/A {_ratio(t.same_single)}, slowed {_ratio(t.slowed_single)})   "
+                      f"other processes {t.others:.0%} of the CPUs", highlight=False)
+    return trials
+
+
+@dataclass(frozen=True)
+class Trial:
+    same: Criterion
+    slowed: Criterion
+    same_single: Criterion
+    slowed_single: Criterion
+    others: float
+    requests: int
 
 
 class OtherLoad:
@@ -183,9 +208,11 @@ def _own() -> float:
     return t.user + t.system
 
 
-def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, n: int, sigmas, console):
+def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: int, sigmas, console):
+    """Per noise seed: (the accuracy criterion, the fidelity criterion) against the clean model."""
     engine = build_engine(base, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
     noise = DecoderNoise(engine.model)
+    fid = cfg.gate.fidelity
 
     def measure():
         return evaluate(engine.lm_eval_model(int(cfg.accuracy.batch_size)), list(cfg.accuracy.tasks),
@@ -193,6 +220,7 @@ def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, n: int, sigma
 
     try:
         champion = measure()
+        reference = BaselineLogprobs.record(engine, windows)
         console.print(f"  champion {champion.task} {champion.metric} = {champion.value:.4f} "
                       f"(n = {len(champion.per_doc)} documents)", highlight=False)
         calibration = []
@@ -206,14 +234,17 @@ def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, n: int, sigma
                           f"(seeds {', '.join(f'{d:+.4f}' for d in drops)})", highlight=False)
         sigma, how = calibrate(calibration)
         console.print(f"  calibrated: sigma {sigma:.3f} for a {TARGET_DROP:.2f} drop ({how})", highlight=False)
-        criteria = []
+        verdicts = []
         for seed in range(n):
             noise.apply(sigma, seed)
-            criteria.append(gate.accuracy(champion, measure()))
-            c = criteria[-1].numbers
+            acc = gate.accuracy(champion, measure())
+            fidelity = judge(reference.compare(engine), fid.max_kl, fid.min_top1, cfg.gate.confidence)
+            verdicts.append((acc, fidelity))
+            c, f = acc.numbers, fidelity.numbers
             console.print(f"  seed {seed}: drop {c['drop']:+.4f} se {c['drop_se']:.4f} upper {c['drop_upper']:+.4f}"
-                          f" -> {'pass' if criteria[-1].passed else 'REJECT'}", highlight=False)
-        return sigma, criteria
+                          f" -> {'pass' if acc.passed else 'REJECT'};  KL {f['kl_mean']:.3g} top-1 "
+                          f"{f['top1_agreement']:.3f} -> {'pass' if fidelity.passed else 'REJECT'}", highlight=False)
+        return sigma, verdicts
     finally:
         noise.restore()
         engine.close()
@@ -231,30 +262,40 @@ def calibrate(points) -> tuple[float, str]:
     return sigma, "interpolated in log(sigma) on the non-decreasing grid means"
 
 
-def summary(same, slowed, others, acc, sigma: float, requests: int, confidence: float) -> Table:
-    n = len(same)
-    aa = Rate(sum(_no_change(c) for c in same), n)
-    contains = Rate(sum(_num(c, "ratio_ci_low") <= 1 <= _num(c, "ratio_ci_high") for c in same), n)
-    caught = Rate(sum(_caught(c) for c in slowed), n)
-    rejected = Rate(sum(not c.passed for c in acc), len(acc))
-    quiet = [i for i, share in enumerate(others) if share < QUIET]
-    on_quiet = (f"; quiet rounds (others < {QUIET:.0%} CPU): "
-                f"{sum(_no_change(same[i]) for i in quiet)}/{len(quiet)}")
-    drops = np.array([c.numbers["drop"] for c in acc])
-    table = Table(title=f"gate decision quality (exact 95 % binomial intervals on each rate; "
-                        f"~{requests} requests per run)")
+def summary(trials: list[Trial], verdicts, sigma: float, cfg_gate) -> Table:
+    n = len(trials)
+    quiet = [t for t in trials if t.others < QUIET]
+    rounds = cfg_gate.interleaved
+    table = Table(title=f"gate decision quality: {rounds.rounds} interleaved rounds of {rounds.seconds:g} s per "
+                        f"comparison (~{int(np.median([t.requests for t in trials]))} requests per run); exact 95 % "
+                        f"binomial intervals on each rate")
     for col in ("check", "N", "rate", "95 % CI", "goal", "met", "detail"):
         table.add_column(col)
-    table.add_row(*aa.row("A/A: no significant change", "not accepted and CI low <= 1" + on_quiet))
-    lo, hi = contains.interval()
-    table.add_row("A/A: ratio CI contains 1", str(n), f"{contains.share:.0%}", f"[{lo:.0%}, {hi:.0%}]",
-                  f"~{confidence:.0%}", "", f"median ratio {np.median([_num(c, 'ratio') for c in same]):.3f}")
+    aa = Rate(sum(_no_change(t.same) for t in trials), n)
+    table.add_row(*aa.row("A/A: no significant change", f"not accepted and CI low <= 1; median ratio "
+                          f"{np.median([_num(t.same, 'ratio') for t in trials]):.3f}; quiet trials (others < "
+                          f"{QUIET:.0%} CPU): {sum(_no_change(t.same) for t in quiet)}/{len(quiet)}"))
+    caught = Rate(sum(_caught(t.slowed) for t in trials), n)
     table.add_row(*caught.row(f"+{SLOWDOWN:.0%} per-step slowdown caught",
-                              f"rejected, CI low > 1; median ratio {np.median([_num(c, 'ratio') for c in slowed]):.3f}"
-                              f"; in quiet rounds: {sum(_caught(slowed[i]) for i in quiet)}/{len(quiet)}"))
-    table.add_row(*rejected.row(f"~{TARGET_DROP * 100:.0f}-point accuracy drop rejected",
-                                f"sigma {sigma:.3f}: drop mean {drops.mean():+.4f}, range [{drops.min():+.4f}, "
-                                f"{drops.max():+.4f}], {int((drops <= 0).sum())} seeds measured no drop"))
+                              f"rejected, CI low > 1; median ratio {np.median([_num(t.slowed, 'ratio') for t in trials]):.3f}"
+                              f"; quiet trials: {sum(_caught(t.slowed) for t in quiet)}/{len(quiet)}"))
+    either = Rate(sum(not (a.passed and f.passed) for a, f in verdicts), len(verdicts))
+    drops = np.array([a.numbers["drop"] for a, _ in verdicts])
+    table.add_row(*either.row(f"~{TARGET_DROP * 100:.0f}-point accuracy drop rejected by the gate",
+                              f"sigma {sigma:.3f}: drop mean {drops.mean():+.4f}, range [{drops.min():+.4f}, "
+                              f"{drops.max():+.4f}]; either criterion below fails it"))
+    for label, picked in (("  of which: accuracy criterion (lm-eval, paired z)", 0),
+                          ("  of which: fidelity criterion (KL, top-1)", 1)):
+        rate = Rate(sum(not v[picked].passed for v in verdicts), len(verdicts))
+        lo, hi = rate.interval()
+        table.add_row(label, str(rate.n), f"{rate.share:.0%}", f"[{lo:.0%}, {hi:.0%}]", "", "", "")
+    single_aa = Rate(sum(_no_change(t.same_single) for t in trials), n)
+    single_caught = Rate(sum(_caught(t.slowed_single) for t in trials), n)
+    for label, rate in (("old way, one run each: A/A no change", single_aa),
+                        ("old way, one run each: slowdown caught", single_caught)):
+        lo, hi = rate.interval()
+        table.add_row(label, str(rate.n), f"{rate.share:.0%}", f"[{lo:.0%}, {hi:.0%}]", "(contrast)", "",
+                      "round 0's runs alone, bootstrap over their requests")
     return table
 
 
@@ -278,33 +319,35 @@ def _ratio(c) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, help="A/A pairs, slowed pairs and noise seeds (default 20, quick 5)")
-    parser.add_argument("--seconds", type=float, help="each benchmark run (default 3 s, quick 1.5 s)")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: fewer, shorter runs, 2-point calibration")
+    parser.add_argument("--n", type=int, help="trials (A/A and slowed pairs) and noise seeds (default 20, quick 5)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: 5 trials of 3 rounds of 0.5 s, 2-point calibration")
     args = parser.parse_args()
     n = args.n if args.n is not None else (5 if args.quick else 20)
-    seconds = args.seconds if args.seconds is not None else (1.5 if args.quick else 3.0)
     sigmas = CALIBRATION_SIGMAS[::3] if args.quick else CALIBRATION_SIGMAS
-    if n < 1 or seconds <= 0:
-        parser.error("--n must be >= 1 and --seconds > 0")
+    if n < 1:
+        parser.error("--n must be >= 1")
     quiet_libraries()
-    console = Console(width=150)
+    console = Console(width=170)
     started = time.perf_counter()
-    cfg, base, workload, include_path = setup(console)
+    cfg, base, workload, include_path, windows = setup(console)
+    if args.quick:
+        cfg.gate.interleaved = OmegaConf.merge(cfg.gate.interleaved, {"rounds": 3, "seconds": 0.5})
     gate, g = Gate(cfg.gate, cfg.seed), cfg.gate
-    console.print(f"gate from conf/: {g.objective.metric} {g.objective.stat} @c={g.objective.concurrency}, "
-                  f"min_gain {g.min_gain}, confidence {g.confidence}, {g.bootstrap_resamples} bootstrap resamples",
-                  highlight=False)
-    console.print(f"  accuracy: {g.accuracy.metric}, max_drop_abs {g.accuracy.max_drop_abs}, "
-                  f"max_drop_rel {g.accuracy.get('max_drop_rel')}", highlight=False)
-    console.print(f"[bold]performance[/bold]: onnxruntime fp32 engine, closed loop c=4, {seconds:g} s per run, "
-                  f"{n} rounds of (champion, same, +{SLOWDOWN:.0%} slowed)")
-    same, slowed, others, requests = performance(cfg, gate, base, workload, n, seconds, console)
-    console.print(f"[bold]accuracy[/bold]: torch fp32 engine, lm-eval {', '.join(cfg.accuracy.tasks)}, "
-                  f"{n} noise seeds")
-    sigma, acc = accuracy(cfg, gate, base, include_path, n, sigmas, console)
+    console.print(f"gate from conf/: {g.objective.metric} {g.objective.stat}, min_gain {g.min_gain}, confidence "
+                  f"{g.confidence}; interleaved {g.interleaved.rounds} rounds x {g.interleaved.seconds:g} s "
+                  f"(>= {g.interleaved.min_requests} requests)", highlight=False)
+    console.print(f"  accuracy: {g.accuracy.metric}, max_drop_abs {g.accuracy.max_drop_abs}, max_drop_rel "
+                  f"{g.accuracy.get('max_drop_rel')}; fidelity: max_kl {g.fidelity.max_kl}, min_top1 "
+                  f"{g.fidelity.min_top1}", highlight=False)
+    console.print(f"[bold]performance[/bold]: onnxruntime fp32 engine, closed loop c={CONCURRENCY}, {n} trials of "
+                  f"(champion, same, +{SLOWDOWN:.0%} slowed) in rotating order")
+    trials = performance(cfg, gate, base, workload, n, CONCURRENCY, console)
+    console.print(f"[bold]accuracy[/bold]: torch fp32 engine, lm-eval {', '.join(cfg.accuracy.tasks)} and "
+                  f"{len(windows)} fidelity windows, {n} noise seeds")
+    sigma, verdicts = accuracy(cfg, gate, base, include_path, windows, n, sigmas, console)
 
-    console.print(summary(same, slowed, others, acc, sigma, requests, g.confidence))
+    console.print(summary(trials, verdicts, sigma, cfg.gate))
     console.print(f"elapsed {time.perf_counter() - started:.0f} s")
 
 

@@ -1,0 +1,101 @@
+"""Champion and challenger measured in alternating rounds on the same load, so drift hits both.
+
+Two runs taken minutes apart differ by whatever the machine did in between (a neighbour's job, a thermal step,
+a page-cache flush), and a bootstrap over the requests of each run cannot see that: it is one draw per run.
+Here each round measures every server at the gate's concurrency, in an order that rotates from round to round
+(AB, BA, AB, ... ), and the gate judges the spread of the per-round ratios: a t-interval over rounds, whose
+width contains the run-to-run variation instead of assuming it away.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from experiments.benchmark import LevelReport, Workload, run_level
+from experiments.errors import ConfigError
+from experiments.stats import summary_stat
+
+
+@dataclass(frozen=True)
+class Rounds:
+    concurrency: int
+    runs: dict[str, tuple[LevelReport, ...]]   # server name -> its level in each round, in round order
+
+    @property
+    def count(self) -> int:
+        return min(len(levels) for levels in self.runs.values())
+
+    def ratios(self, challenger: str, champion: str, metric: str, stat: str) -> np.ndarray:
+        """stat(challenger) / stat(champion) per round, over the prompts both served in that round (each run
+        starts at the same prompt, but a slower one gets through fewer in its seconds: a prompt mix that
+        differed at the tail would add noise that is not speed). NaN for a round with nothing in common."""
+        out = []
+        for a, b in zip(self.runs[challenger], self.runs[champion]):
+            x, y = _by_prompt(a, metric), _by_prompt(b, metric)
+            common = sorted(x.keys() & y.keys())
+            if not common:
+                out.append(np.nan)
+                continue
+            xs, ys = np.array([x[i] for i in common]), np.array([y[i] for i in common])
+            out.append(float(summary_stat(xs, stat) / summary_stat(ys, stat)))
+        return np.array(out)
+
+    def to_csv(self, metric: str, stat: str) -> str:
+        names = list(self.runs)
+        lines = ["round," + ",".join(f"{n}_{metric}_{stat},{n}_requests" for n in names)]
+        for r in range(self.count):
+            cells = []
+            for n in names:
+                values = self.runs[n][r].values(metric)
+                cells += [f"{summary_stat(values, stat):.4f}" if len(values) else "", str(len(values))]
+            lines.append(f"{r}," + ",".join(cells))
+        return "\n".join(lines) + "\n"
+
+
+def _by_prompt(level: LevelReport, metric: str) -> dict[int, float]:
+    """Each prompt's first successful request in the run -> its metric."""
+    if metric == "itl_ms":
+        metric = "tpot_ms"      # a request's mean inter-token latency is its TPOT
+    out: dict[int, float] = {}
+    for rec in level.records:
+        if rec.ok and rec.prompt.id not in out:
+            value = rec.metrics().get(metric)
+            if value is not None:
+                out[rec.prompt.id] = value
+    return out
+
+
+def measure(servers: dict[str, object], workload: Workload, cfg_benchmark, cfg_interleaved, concurrency: int,
+            confidence: float = 0.95, on_round=lambda r: None) -> Rounds:
+    """`rounds` rounds; each measures every server once for `seconds` and at least `min_requests` requests,
+    closed loop at `concurrency` (the benchmark's warm-up before each server's first run only: they stay up).
+    Round r starts with server r mod n."""
+    names = list(servers)
+    load = OmegaConf.merge(cfg_benchmark, {"mode": "closed", "concurrency": [concurrency],
+                                           "min_duration_s": float(cfg_interleaved.seconds),
+                                           "min_requests": int(cfg_interleaved.min_requests)})
+    warm = OmegaConf.merge(load, {"warmup_requests": 0, "warmup_s": 0.0})   # the servers stay up between rounds
+    runs: dict[str, list[LevelReport]] = {n: [] for n in names}
+    for r in range(int(cfg_interleaved.rounds)):
+        on_round(r)
+        start = r % len(names)
+        for name in names[start:] + names[:start]:
+            runs[name].append(run_level(servers[name], workload, concurrency, warm if r else load, confidence))
+    return Rounds(concurrency, {n: tuple(levels) for n, levels in runs.items()})
+
+
+def check_config(cfg_interleaved) -> None:
+    """rounds: 0 (compare with the champion's recorded run) or at least 2 (a spread needs two)."""
+    rounds, seconds, least = cfg_interleaved.rounds, cfg_interleaved.seconds, cfg_interleaved.min_requests
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0 or rounds == 1:
+        raise ConfigError(f"gate.interleaved.rounds={rounds!r} is not 0 or an integer >= 2",
+                          "0 compares with the champion's recorded run; 2 or more re-measure it beside the "
+                          "challenger (5 is a good default: a t-interval over 1 round has no width)")
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds <= 0:
+        raise ConfigError(f"gate.interleaved.seconds={seconds!r} is not a positive number",
+                          "give the length of each run in a round, e.g. 2.0")
+    if not isinstance(least, int) or isinstance(least, bool) or least < 1:
+        raise ConfigError(f"gate.interleaved.min_requests={least!r} is not an integer >= 1",
+                          "give the fewest requests per run, e.g. 40")
