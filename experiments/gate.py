@@ -12,7 +12,7 @@ from experiments.accuracy import AccuracyReport
 from experiments.benchmark import BenchmarkReport
 from experiments.errors import ConfigError
 from experiments.interleaved import check_config as check_interleaved
-from experiments.stats import ratio_ci, rounds_ratio_ci
+from experiments.stats import min_rounds, ratio_ci, rounds_ratio_ci
 
 TOLERANCES = ("max_drop_abs", "max_drop_rel")
 # lm-eval's per-document metric name, as in its samples; results keys add a filter (`acc,none`).
@@ -67,13 +67,15 @@ class Gate:
         return self._judged(ratio, lo, hi, f"{obj.metric} {obj.stat} @c={level}", {})
 
     def interleaved(self, rounds, challenger: str = "challenger", champion: str = "champion") -> Criterion:
-        """Against the champion re-measured beside the challenger: a t-interval over the per-round ratios."""
+        """Against the champion re-measured beside the challenger: Hodges-Lehmann and its signed-rank interval
+        over the per-round ratios."""
         obj = self.cfg.objective
         ratios = rounds.ratios(challenger, champion, obj.metric, obj.stat)
         label = f"{obj.metric} {obj.stat} @c={rounds.concurrency}, {len(ratios)} interleaved rounds"
-        if len(ratios) < 2 or not np.isfinite(ratios).all():
-            return Criterion("performance", False, f"{label}: a round without successful requests or fewer "
-                                                   f"than 2 rounds ({np.round(ratios, 3).tolist()})")
+        if len(ratios) < min_rounds(self.cfg.confidence) or not np.isfinite(ratios).all():
+            return Criterion("performance", False, f"{label}: a round without successful requests, or too few "
+                                                   f"rounds for a {self.cfg.confidence:.0%} interval "
+                                                   f"({np.round(ratios, 3).tolist()})")
         ratio, lo, hi = rounds_ratio_ci(ratios, self.cfg.confidence)
         spread = {"rounds": float(len(ratios)), "round_ratio_min": float(ratios.min()),
                   "round_ratio_max": float(ratios.max())}
@@ -169,7 +171,7 @@ def check_config(cfg_gate) -> None:
                           "(not acc_mutual_info,none)")
     tolerances(cfg_gate.accuracy)
     if cfg_gate.get("interleaved") is not None:
-        check_interleaved(cfg_gate.interleaved)
+        check_interleaved(cfg_gate.interleaved, confidence)
 
 
 def _number(raw, key: str, hint: str) -> float:

@@ -3,19 +3,21 @@
 Two runs taken minutes apart differ by whatever the machine did in between (a neighbour's job, a thermal step,
 a page-cache flush), and a bootstrap over the requests of each run cannot see that: it is one draw per run.
 Here each round measures every server at the gate's concurrency, in an order that rotates from round to round
-(AB, BA, AB, ... ), and the gate judges the spread of the per-round ratios: a t-interval over rounds, whose
-width contains the run-to-run variation instead of assuming it away.
+(AB, BA, AB, ... ), and the gate judges the spread of the per-round ratios: a rank-based interval over
+rounds (experiments/stats.py), whose width contains the run-to-run variation instead of assuming it away.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from omegaconf import OmegaConf
 
-from experiments.benchmark import LevelReport, Workload, run_level
+from experiments.benchmark import LevelReport, Workload, run_level, serve
 from experiments.errors import ConfigError
-from experiments.stats import summary_stat
+from experiments.serving.engine import Engine
+from experiments.stats import min_rounds, summary_stat
 
 
 @dataclass(frozen=True)
@@ -67,35 +69,57 @@ def _by_prompt(level: LevelReport, metric: str) -> dict[int, float]:
     return out
 
 
-def measure(servers: dict[str, object], workload: Workload, cfg_benchmark, cfg_interleaved, concurrency: int,
-            confidence: float = 0.95, on_round=lambda r: None) -> Rounds:
-    """`rounds` rounds; each measures every server once for `seconds` and at least `min_requests` requests,
-    closed loop at `concurrency` (the benchmark's warm-up before each server's first run only: they stay up).
-    Round r starts with server r mod n."""
-    names = list(servers)
+def measure(builders: dict[str, Callable[[], Engine]], workload: Workload, cfg_benchmark, cfg_interleaved,
+            concurrency: int, confidence: float = 0.95, prebuilt: dict[str, Engine] | None = None,
+            on_round=lambda r: None) -> Rounds:
+    """`rounds` rounds; each measures every contender once for `seconds` and at least `min_requests` requests,
+    closed loop at `concurrency`, after the benchmark's warm-up. Round r starts with contender r mod n.
+
+    Each run serves a fresh build (builders[name]()), closed after it: two builds of one recipe run at speeds
+    of their own (memory layout, thread placement: up to +-7 % for the whole life of an ONNX Runtime session
+    here), so one instance per side would compare two instances, not two configurations. A contender in
+    `prebuilt` (an engine too slow to build per run, such as a compiled one) is measured as it is, and the
+    caller closes it.
+    """
+    prebuilt = prebuilt or {}
+    names = list(builders)
     load = OmegaConf.merge(cfg_benchmark, {"mode": "closed", "concurrency": [concurrency],
                                            "min_duration_s": float(cfg_interleaved.seconds),
                                            "min_requests": int(cfg_interleaved.min_requests)})
-    warm = OmegaConf.merge(load, {"warmup_requests": 0, "warmup_s": 0.0})   # the servers stay up between rounds
     runs: dict[str, list[LevelReport]] = {n: [] for n in names}
     for r in range(int(cfg_interleaved.rounds)):
         on_round(r)
         start = r % len(names)
         for name in names[start:] + names[:start]:
-            runs[name].append(run_level(servers[name], workload, concurrency, warm if r else load, confidence))
+            engine = prebuilt.get(name) or builders[name]()
+            server = None
+            try:
+                server = serve(engine)
+                runs[name].append(run_level(server, workload, concurrency, load, confidence))
+            finally:
+                if server is not None:
+                    server.close()
+                if name not in prebuilt:
+                    engine.close()
     return Rounds(concurrency, {n: tuple(levels) for n, levels in runs.items()})
 
 
-def check_config(cfg_interleaved) -> None:
-    """rounds: 0 (compare with the champion's recorded run) or at least 2 (a spread needs two)."""
+def check_config(cfg_interleaved, confidence: float) -> None:
+    """rounds: 0 (compare with the champion's recorded run) or enough for an exact interval at `confidence`."""
     rounds, seconds, least = cfg_interleaved.rounds, cfg_interleaved.seconds, cfg_interleaved.min_requests
-    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0 or rounds == 1:
-        raise ConfigError(f"gate.interleaved.rounds={rounds!r} is not 0 or an integer >= 2",
-                          "0 compares with the champion's recorded run; 2 or more re-measure it beside the "
-                          "challenger (5 is a good default: a t-interval over 1 round has no width)")
+    fewest = min_rounds(confidence)
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0 or 0 < rounds < fewest:
+        raise ConfigError(f"gate.interleaved.rounds={rounds!r} is not 0 or an integer >= {fewest}",
+                          f"0 compares with the champion's recorded run; {fewest} or more re-measure it beside the "
+                          f"challenger (the fewest whose signed-rank interval reaches {confidence:.0%}; 8-12 is "
+                          f"a good default)")
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds <= 0:
         raise ConfigError(f"gate.interleaved.seconds={seconds!r} is not a positive number",
                           "give the length of each run in a round, e.g. 2.0")
     if not isinstance(least, int) or isinstance(least, bool) or least < 1:
         raise ConfigError(f"gate.interleaved.min_requests={least!r} is not an integer >= 1",
                           "give the fewest requests per run, e.g. 40")
+    limit = cfg_interleaved.get("rebuild_max_s")
+    if not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit < 0:
+        raise ConfigError(f"gate.interleaved.rebuild_max_s={limit!r} is not a number >= 0",
+                          "give the longest build (s) that is still redone for every run, e.g. 15")

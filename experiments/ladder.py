@@ -204,7 +204,7 @@ def _climb(name, opt, champion, sweep: Sweep) -> RungOutcome:
                     if champion is None:
                         outcome.verdict = Verdict("accepted", "baseline: the first champion, measured as is")
                     else:
-                        criteria = [_performance(champion, outcome.bench, engine, sweep, name)]
+                        criteria = [_performance(champion, outcome.bench, cand, engine, sweep, name)]
                         if cfg.gate.get("slos_still_met", True):
                             criteria.append(gate.slos(champion.bench, outcome.bench))
                         criteria += [gate.accuracy(c, n) for c, n in zip(champion.accuracy, outcome.accuracy)]
@@ -271,7 +271,8 @@ def _measure(cand, sweep: Sweep, name: str):
         gc.collect()
 
 
-def _performance(champion: RungOutcome, bench: BenchmarkReport, engine, sweep: Sweep, name: str) -> Criterion:
+def _performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate, engine, sweep: Sweep,
+                 name: str) -> Criterion:
     """The champion rebuilt and measured beside the challenger in alternating rounds (gate.interleaved), or,
     with rounds: 0, compared with its recorded run."""
     cfg, gate = sweep.cfg, sweep.gate
@@ -279,19 +280,25 @@ def _performance(champion: RungOutcome, bench: BenchmarkReport, engine, sweep: S
     if not rounds_cfg.rounds:
         return gate.performance(champion.bench, bench)
     c = gate.objective_concurrency(champion.bench)
+    threads, artefacts = int(cfg.threads), Path(cfg.cache_dir) / "artefacts"
+    builders = {"champion": lambda: build_engine(champion.candidate, threads, artefacts),
+                "challenger": lambda: build_engine(cand, threads, artefacts)}
     with sweep.ui.stage(f"{name}: champion and challenger in {rounds_cfg.rounds} alternating rounds at c={c}") as st:
-        rival = build_engine(champion.candidate, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
-        servers = {}
-        try:
-            servers["champion"] = serve(rival)
-            servers["challenger"] = serve(engine)
-            rounds = interleaved.measure(servers, sweep.workload, cfg.benchmark, rounds_cfg, c, cfg.gate.confidence,
-                                         on_round=lambda r: st.update(f"{name}: interleaved round {r + 1} of "
-                                                                      f"{rounds_cfg.rounds} at c={c}"))
-        finally:
-            for server in servers.values():
-                server.close()
+        rival = builders["champion"]()
+        slow = {n: e for n, e in (("champion", rival), ("challenger", engine))
+                if e.rebuild_seconds() > float(rounds_cfg.rebuild_max_s)}
+        if "champion" not in slow:
             rival.close()
+        try:
+            rounds = interleaved.measure(builders, sweep.workload, cfg.benchmark, rounds_cfg, c, cfg.gate.confidence,
+                                         prebuilt=slow, on_round=lambda r: st.update(
+                                             f"{name}: interleaved round {r + 1} of {rounds_cfg.rounds} at c={c}"))
+        finally:
+            if "champion" in slow:
+                rival.close()
+    mlflow.set_tag("roi.gate.interleaved", "fresh build per run: " + ", ".join(
+        f"{n} {'no (built once: its build took longer than rebuild_max_s)' if n in slow else 'yes'}"
+        for n in builders))
     obj = cfg.gate.objective
     mlflow.log_text(rounds.to_csv(obj.metric, obj.stat), "gate/interleaved_rounds.csv")
     for r, ratio in enumerate(rounds.ratios("challenger", "champion", obj.metric, obj.stat)):

@@ -72,16 +72,50 @@ def ratio_ci(challenger, champion, stat: str, confidence: float, resamples: int,
 
 
 def rounds_ratio_ci(ratios, confidence: float) -> tuple[float, float, float]:
-    """(geometric mean, low, high) of per-round ratios: a t-interval on their logs, rounds as the replicates.
+    """(estimate, low, high) of per-round ratios: Hodges-Lehmann on their logs, with the exact Wilcoxon
+    signed-rank interval; rounds are the replicates.
 
     Each round's ratio carries both request-to-request noise and whatever drifted between rounds, so the
-    interval covers run-to-run variation that a bootstrap within one pair of runs cannot see.
+    interval covers run-to-run variation that a bootstrap within one pair of runs cannot see. Rank-based,
+    because on a shared machine a round now and then catches a neighbour's burst: one such round moves a
+    mean (and widens a t-interval) far more than it moves this estimate.
     """
-    logs = np.log(np.asarray(ratios, float))
-    n = len(logs)
-    mean = float(logs.mean())
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * logs.std(ddof=1) / np.sqrt(n))
-    return float(np.exp(mean)), float(np.exp(mean - half)), float(np.exp(mean + half))
+    estimate, lo, hi = hodges_lehmann_ci(np.log(np.asarray(ratios, float)), confidence)
+    return float(np.exp(estimate)), float(np.exp(lo)), float(np.exp(hi))
+
+
+def hodges_lehmann_ci(values, confidence: float) -> tuple[float, float, float]:
+    """Median of the Walsh averages (x_i + x_j) / 2, i <= j, and the order statistics of those averages that
+    the exact null distribution of Wilcoxon's signed-rank statistic puts at `confidence` (at least)."""
+    x = np.asarray(values, float)
+    n = len(x)
+    k = signed_rank_critical(n, confidence)
+    walsh = np.sort((x[:, None] + x[None, :])[np.triu_indices(n)] / 2)
+    return float(np.median(walsh)), float(walsh[k - 1]), float(walsh[len(walsh) - k])
+
+
+def signed_rank_critical(n: int, confidence: float) -> int:
+    """The largest k with P(T <= k - 1) <= (1 - confidence) / 2 under the null (T: Wilcoxon's signed-rank
+    statistic of n values; exact, by counting the subsets of ranks 1..n per sum). The interval from the k-th
+    smallest to the k-th largest Walsh average then has coverage >= confidence."""
+    ways = np.zeros(n * (n + 1) // 2 + 1)
+    ways[0] = 1.0
+    for rank in range(1, n + 1):
+        ways[rank:] = ways[rank:] + ways[:-rank].copy()
+    tail = np.cumsum(ways) / 2.0 ** n
+    k = int(np.searchsorted(tail, (1 - confidence) / 2, side="right"))
+    if k == 0:
+        raise ValueError(f"{n} rounds cannot give a {confidence:.0%} interval (one-sided tail 1/2^{n} = "
+                         f"{1 / 2 ** n:.3f} > {(1 - confidence) / 2:.3f}): use at least {min_rounds(confidence)}")
+    return k
+
+
+def min_rounds(confidence: float) -> int:
+    """The fewest rounds whose exact signed-rank interval reaches `confidence`."""
+    n = 1
+    while 1 / 2 ** n > (1 - confidence) / 2:
+        n += 1
+    return n
 
 
 def summary_stat(x, stat: str, axis=-1):

@@ -69,9 +69,9 @@ def test_onnxruntime_is_faster_or_rejected_with_its_numbers(sweep):
         assert ort.data.metrics["gate/performance/ratio_ci_high"] < 0.95
     else:
         assert "ratio" in ort.data.tags["roi.reason"] or "drop" in ort.data.tags["roi.reason"]
-    # the champion was re-measured beside it: the quick profile's 3 alternating rounds, each ratio logged
-    assert ort.data.metrics["gate/performance/rounds"] == 3
-    assert len(client.get_metric_history(ort.info.run_id, "gate/round_ratio")) == 3
+    # the champion was re-measured beside it: the quick profile's 6 alternating rounds, each ratio logged
+    assert ort.data.metrics["gate/performance/rounds"] == 6
+    assert len(client.get_metric_history(ort.info.run_id, "gate/round_ratio")) == 6
     compiled = next(r for r in runs if r.data.tags.get("roi.rung") == "torch_compile")
     before = compiled if compiled.data.tags["roi.verdict"] == "accepted" else base
     assert ort.data.tags["roi.champion_before"] == before.info.run_id

@@ -32,7 +32,7 @@ from scipy import stats
 
 from experiments import interleaved
 from experiments.accuracy import evaluate
-from experiments.benchmark import BenchmarkReport, Workload, serve
+from experiments.benchmark import BenchmarkReport, Workload
 from experiments.benchmarks.common import compose_default
 from experiments.console import quiet_libraries
 from experiments.fidelity import BaselineLogprobs, fixed_sequences, judge
@@ -54,12 +54,13 @@ CONCURRENCY = 4
 
 
 class SlowedEngine(Engine):
-    """Test-only: every step takes `extra` x its own measured compute longer.
+    """Test-only: every request takes `extra` x its own measured compute longer: each step's share is owed,
+    and paid as one sleep before the request's last token.
 
-    Busy-wait, not sleep: a decode step of the tiny model in ONNX Runtime takes ~0.3 ms here, so the delay is
-    ~30 us, and time.sleep(20e-6) takes ~77 us (timer slack and wake-up): sleeping would inject several times
-    the intended slowdown. The spin runs on the server thread between steps, when the sequential server has
-    no engine work in flight, so it takes no core away from the engine itself.
+    Measured here, both ways of paying per step inject far more than asked: a busy-wait competes with ONNX
+    Runtime's own threads for the 2 cores (a 10 % spin came out at +15-30 %), and a sleep between steps costs
+    a wake-up of its thread pool on the next step besides its oversleep (sleeping every ~1 ms came out at
+    +40 %). One sleep per request costs one such wake-up per ~16 ms request.
     """
 
     name = "slowed"
@@ -68,12 +69,15 @@ class SlowedEngine(Engine):
         self.inner, self.extra = inner, extra
 
     def generate(self, prompt_ids, max_new_tokens):
-        for token, compute in self.inner.generate(prompt_ids, max_new_tokens):
-            delay = self.extra * compute
-            until = time.perf_counter() + delay
-            while time.perf_counter() < until:
-                pass
-            yield token, compute + delay
+        owed = 0.0
+        for step, (token, compute) in enumerate(self.inner.generate(prompt_ids, max_new_tokens), 1):
+            owed += self.extra * compute
+            slept = 0.0
+            if step == max_new_tokens:
+                started = time.perf_counter()
+                time.sleep(owed)
+                slept = time.perf_counter() - started
+            yield token, compute + slept
 
     def lm_eval_model(self, batch_size):
         return self.inner.lm_eval_model(batch_size)
@@ -140,28 +144,21 @@ def setup(console):
 
 
 def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, concurrency: int, console):
-    """N trials; each builds three engines (champion, the same recipe again, slowed) and measures them in the
-    gate's interleaved rounds. Also judged the old way: round 0's runs alone, a bootstrap over requests."""
+    """N trials of the gate's interleaved rounds over three contenders built from one recipe (champion, the
+    same again, slowed), a fresh build for every run as in the ladder. Also judged the old way: round 0's runs
+    alone, a bootstrap over their requests."""
     ort = OnnxRuntimeSwap().apply(base)
     artefacts = Path(cfg.cache_dir) / "artefacts"
     load = OmegaConf.merge(cfg.benchmark, {"slos": [], "sla_search": False, "max_duration_s": 60.0})
     trials = []
+    threads = int(cfg.threads)
+    builders = {"champion": lambda: build_engine(ort, threads, artefacts),
+                "same": lambda: build_engine(ort, threads, artefacts),
+                "slowed": lambda: SlowedEngine(build_engine(ort, threads, artefacts), SLOWDOWN)}
     for i in range(n):
-        engines, servers = {}, {}
         with OtherLoad() as load_meter:
-            try:
-                for kind in ("champion", "same", "slowed"):
-                    engines[kind] = build_engine(ort, int(cfg.threads), artefacts)
-                    if kind == "slowed":
-                        engines[kind] = SlowedEngine(engines[kind], SLOWDOWN)
-                    servers[kind] = serve(engines[kind])
-                rounds = interleaved.measure(servers, workload, load, cfg.gate.interleaved, concurrency,
-                                             cfg.gate.confidence)
-            finally:
-                for server in servers.values():
-                    server.close()
-                for engine in engines.values():
-                    engine.close()
+            rounds = interleaved.measure(builders, workload, load, cfg.gate.interleaved, concurrency,
+                                         cfg.gate.confidence)
         single = {k: BenchmarkReport((levels[0],)) for k, levels in rounds.runs.items()}
         trials.append(Trial(same=gate.interleaved(rounds, "same", "champion"),
                             slowed=gate.interleaved(rounds, "slowed", "champion"),
@@ -321,7 +318,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, help="trials (A/A and slowed pairs) and noise seeds (default 20, quick 5)")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: 5 trials of 3 rounds of 0.5 s, 2-point calibration")
+                        help="a smoke run: 5 trials of 6 rounds of 0.2 s, 2-point calibration")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds per comparison (default: conf/, the profile's)")
+    parser.add_argument("--seconds", type=float, help="each run in a round (default: conf/, the profile's)")
     args = parser.parse_args()
     n = args.n if args.n is not None else (5 if args.quick else 20)
     sigmas = CALIBRATION_SIGMAS[::3] if args.quick else CALIBRATION_SIGMAS
@@ -332,7 +331,11 @@ def main() -> None:
     started = time.perf_counter()
     cfg, base, workload, include_path, windows = setup(console)
     if args.quick:
-        cfg.gate.interleaved = OmegaConf.merge(cfg.gate.interleaved, {"rounds": 3, "seconds": 0.5})
+        cfg.gate.interleaved = OmegaConf.merge(cfg.gate.interleaved, {"rounds": 6, "seconds": 0.2})
+    for key in ("rounds", "seconds"):
+        if getattr(args, key) is not None:
+            cfg.gate.interleaved[key] = getattr(args, key)
+    check_config(cfg.gate)
     gate, g = Gate(cfg.gate, cfg.seed), cfg.gate
     console.print(f"gate from conf/: {g.objective.metric} {g.objective.stat}, min_gain {g.min_gain}, confidence "
                   f"{g.confidence}; interleaved {g.interleaved.rounds} rounds x {g.interleaved.seconds:g} s "

@@ -29,6 +29,10 @@ class Engine(ABC):
         """Stored bits per weight of the linear layers this engine runs (about 4.5 for INT4 with block scales)."""
         raise NotImplementedError(f"{type(self).__name__} does not report its weight bits")
 
+    def rebuild_seconds(self) -> float:
+        """What building this recipe again would take (the gate rebuilds cheap engines for every run)."""
+        return float(getattr(self, "build_seconds", 0.0))
+
     def artefact_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.artefact_paths())
 
