@@ -23,14 +23,14 @@ class WeightQuantization(Optimizer):
 
     def check(self, env: Env, cand: Candidate) -> str | None:
         recipe = cand.recipe
+        if self.scheme == "fp8" and not env.cuda:   # the machine rules it out, whatever the champion is
+            return "FP8 needs a CUDA device (torchao float8 kernels): none is present"
         if recipe.quantization != "none":
             return f"the champion is already quantized ({recipe.quantization})"
         if recipe.engine not in ("torch", "onnxruntime"):
             return f"no weight quantization path for engine {recipe.engine!r}"
         on_cuda = recipe.execution_provider == "cuda"
         if self.scheme == "fp8":
-            if not env.cuda:
-                return "FP8 needs a CUDA device (torchao float8 kernels): none is present"
             if recipe.engine == "onnxruntime":
                 return "onnxruntime-genai has no FP8 weight path"
             if not on_cuda:
