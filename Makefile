@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 # Hydra overrides: `make sweep profile=quick target=tiny-llm` or `make sweep ARGS="gate.min_gain=0.1"`.
-OVERRIDES := $(foreach v,target profile ladder gate benchmark tracking,$(if $($(v)),$(v)=$($(v)))) $(ARGS)
+OVERRIDES := $(foreach v,target profile ladder gate benchmark tracking experiment,$(if $($(v)),$(v)=$($(v)))) $(ARGS)
 
 .PHONY: setup browser sweep ui ui-check test test-fast bench bench-gpu bench-gate promote rollback status clean
 setup: $(STAMP)

@@ -22,6 +22,9 @@ from experiments.serving.engine import Engine
 from experiments.stats import MIN_SAMPLES_FOR_P99, LatencyStats
 
 LATENCY_METRICS = ("e2e_ms", "ttft_ms", "tpot_ms", "itl_ms", "queue_ms", "model_ms")
+# An encoder's request has one output (its embedding): TTFT, TPOT and ITL do not apply; batch_ms is the wall
+# time of each batch (one sample per batch, not per request).
+ENCODER_METRICS = ("e2e_ms", "queue_ms", "model_ms", "batch_ms")
 
 
 # --- workload ---------------------------------------------------------------------------------------------
@@ -36,6 +39,20 @@ class Prompt:
 class Workload:
     prompts: tuple[Prompt, ...]      # measured, in a fixed seeded order
     warmup: tuple[Prompt, ...]       # distinct from the measured ones
+    metrics: tuple[str, ...] = LATENCY_METRICS   # the latency metrics that apply to this kind of request
+
+    @classmethod
+    def from_sentences(cls, texts: list[str], tokenizer, count: int, warmup_count: int, seed: int,
+                       max_tokens: int) -> "Workload":
+        """Texts to embed (queries and passages: a mix of lengths), tokenized with their special tokens and
+        truncated to max_tokens, in a seeded order; one output each (the embedding)."""
+        if count < 1 or len(texts) < 2:
+            raise ValueError("an embedding workload needs at least one prompt and two texts")
+        rng = random.Random(seed)
+        picked = [texts[rng.randrange(len(texts))] for _ in range(count + warmup_count)]
+        prompts = [Prompt(i, tuple(tokenizer(text, truncation=True, max_length=max_tokens)["input_ids"]), 1)
+                   for i, text in enumerate(picked)]
+        return cls(prompts=tuple(prompts[:count]), warmup=tuple(prompts[count:]), metrics=ENCODER_METRICS)
 
     @classmethod
     def from_texts(cls, texts: list[str], tokenizer, input_tokens, output_tokens, count: int,
@@ -302,8 +319,28 @@ class LevelReport:
     def output_tokens_per_s(self) -> float:
         return sum(len(r.token_times) for r in self.records if r.ok) / self.duration_s
 
+    @property
+    def decodes(self) -> bool:
+        return "ttft_ms" in self.stats
+
+    @property
+    def input_tokens_per_s(self) -> float:
+        return sum(len(r.prompt.token_ids) for r in self.records if r.ok) / self.duration_s
+
+    @property
+    def batch_size_mean(self) -> float:
+        """Requests per engine batch (those that share an engine start)."""
+        starts = [r.engine_start for r in self.records if r.ok and r.engine_start is not None]
+        return len(starts) / max(1, len(set(starts)))
+
     def values(self, metric: str) -> np.ndarray:
         ok = [r for r in self.records if r.ok]
+        if metric == "batch_ms":
+            batches: dict[float, float] = {}
+            for r in ok:
+                if r.engine_start is not None:
+                    batches[r.engine_start] = max(batches.get(r.engine_start, 0.0), r.token_times[-1] - r.engine_start)
+            return np.array(list(batches.values())) * 1e3
         if metric == "itl_ms":
             return np.concatenate([np.diff(r.token_times) * 1e3 for r in ok]) if ok else np.array([])
         return np.array([m[metric] for m in (r.metrics() for r in ok) if metric in m])
@@ -332,7 +369,7 @@ def run_level(server: SequentialServer, workload: Workload, load: float, cfg, co
                         min_requests_met=len(records) >= cfg.min_requests,
                         offered_qps=float(load) if open_loop else None, started=started,
                         resources=sampler.series(), **sampler.summary())
-    level.stats.update({m: LatencyStats.from_samples(level.values(m), confidence) for m in LATENCY_METRICS})
+    level.stats.update({m: LatencyStats.from_samples(level.values(m), confidence) for m in workload.metrics})
     return level
 
 
@@ -435,7 +472,12 @@ class BenchmarkReport:
                 for name in ("mean", "p50", "p95", "p99"):
                     put(f"{metric}_{name}", c, st.stat(name))
             put("qps", c, lv.qps)
-            put("output_tokens_per_s", c, lv.output_tokens_per_s)
+            if lv.decodes:
+                put("output_tokens_per_s", c, lv.output_tokens_per_s)
+            else:
+                put("embeddings_per_s", c, lv.qps)
+                put("input_tokens_per_s", c, lv.input_tokens_per_s)
+                put("batch_size_mean", c, lv.batch_size_mean)
             put("error_rate", c, lv.error_rate)
             put("timeout_rate", c, lv.timeout_rate)
             put("requests", c, len(lv.records))
@@ -465,7 +507,8 @@ class BenchmarkReport:
                        "timed_out": r.timed_out, "input_tokens": len(r.prompt.token_ids),
                        "output_tokens": len(r.token_times)}
                 if r.ok:
-                    row.update({k: round(v, 4) for k, v in r.metrics().items() if k in cols})
+                    row.update({k: round(v, 4) for k, v in r.metrics().items()
+                                if k in cols and (lv.decodes or k not in ("ttft_ms", "tpot_ms"))})
                 w.writerow(row)
         return buf.getvalue()
 
@@ -478,6 +521,12 @@ def serve(engine: Engine):
     recipe = getattr(engine, "recipe", None)
     if recipe is None or recipe.batching == "none":
         return SequentialServer(engine)
+    if not engine.decodes:
+        if recipe.batching not in ("static", "dynamic"):
+            raise ValueError(f"an encoder batches statically or dynamically, not {recipe.batching!r}")
+        from experiments.serving.encoder_batching import EncoderBatchServer
+
+        return EncoderBatchServer(engine, recipe.max_batch, recipe.max_wait_ms)
     if recipe.batching == "continuous" and engine.name == "torch":
         from experiments.serving.continuous import ContinuousServer
 

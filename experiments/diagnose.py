@@ -108,7 +108,7 @@ def _bottleneck(resources: "ResourceLayer", shares, roofline, fw) -> tuple[str, 
         where = f"engine compute is {top.model:.0%} of mean E2E{split}" if top else "no queue/model split"
         if roofline is None:
             return "model", where + also
-        decode = roofline.decode
+        decode = roofline.decode or roofline.prefill   # an encoder's every step is a forward over its input
         if decode.bound == "compute":
             kind = "compute_bound"
         elif decode.fits_in_cache:
@@ -318,12 +318,13 @@ def place_on_roofline(cand, workload, hardware):
 
     from experiments import roofline
 
-    recipe = cand.recipe
+    recipe, decodes = cand.recipe, cand.target.decodes
     shape = roofline.ModelShape.from_config(AutoConfig.from_pretrained(cand.target.model_dir))
+    prompt = max(workload.input_tokens) if decodes else int(workload.max_tokens)
     return roofline.Roofline.analyse(
         shape, hardware, *roofline.weight_and_kv_bytes(recipe.precision, recipe.quantization),
-        prefill_tokens=max(workload.input_tokens), decode_batch=max(1, recipe.max_batch),
-        context=max(workload.input_tokens) + max(workload.output_tokens))
+        prefill_tokens=prompt, decode_batch=max(1, recipe.max_batch) if decodes else 0,
+        context=prompt + max(workload.output_tokens) if decodes else 0)
 
 
 def log_to_run(client, run_id: str, diagnosis: Diagnosis) -> None:

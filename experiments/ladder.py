@@ -15,12 +15,12 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import interleaved, soak, tracking
-from experiments.accuracy import AccuracyReport, check_tasks, evaluate
+from experiments import interleaved, kinds, soak, tracking
+from experiments.accuracy import AccuracyReport
 from experiments.benchmark import LATENCY_METRICS, BenchmarkReport, Workload, check_load, run_benchmark, serve
 from experiments.capacity import check_config as check_capacity_config, plan
 from experiments.errors import ConfigError
-from experiments.fidelity import BaselineLogprobs, FidelityReport, fixed_sequences, judge
+from experiments.fidelity import FidelityReport
 from experiments.gate import Criterion, Gate, Verdict, check_config as check_gate_config
 from experiments.serving import build_engine
 from experiments.targets import check_source, resolve
@@ -47,9 +47,10 @@ class RungOutcome:
         if self.bench is None:
             return {}
         c1, top = self.bench.levels[0], self.bench.level(top_concurrency)
-        out = {"ttft_ms_p50": c1.stats["ttft_ms"].p50.value if c1.stats["ttft_ms"] else float("nan"),
-               "tpot_ms_p50": c1.stats["tpot_ms"].p50.value if c1.stats["tpot_ms"] else float("nan"),
-               "tokens_per_s": top.output_tokens_per_s}
+        p50 = lambda m: c1.stats[m].p50.value if c1.stats.get(m) else float("nan")  # noqa: E731
+        out = {"e2e_ms_p50": p50("e2e_ms"), "tokens_per_s": top.output_tokens_per_s}
+        if c1.decodes:
+            out.update(ttft_ms_p50=p50("ttft_ms"), tpot_ms_p50=p50("tpot_ms"))
         if self.accuracy:
             out["accuracy"] = self.accuracy[0].value
         return out
@@ -62,12 +63,10 @@ class Sweep:
     env: Env
     target: object
     workload: Workload
-    include_path: Path | None
+    kind: object                                # kinds.CausalLM | kinds.Embedding: how answers are scored
     gate: Gate
     experiment_id: str
     ui: object
-    windows: list                               # fixed held-out token windows for fidelity
-    reference: BaselineLogprobs | None = None   # the baseline's next-token log-probs, once measured
     scores: dict = field(default_factory=dict)  # numerics key -> (accuracy, fidelity, rung that measured them)
 
 
@@ -138,14 +137,9 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     with ui.stage("target: building or loading the model"):
         target, texts, shipped_tasks = resolve(cfg.target, Path(cfg.cache_dir), data_dir, ui.note)
     include_path = Path(cfg.accuracy.include_path) if cfg.accuracy.include_path else shipped_tasks
-    check_tasks(list(cfg.accuracy.tasks), include_path)
-    tokenizer = _tokenizer(target.model_dir)
-    wl = cfg.target.workload
-    workload = Workload.from_texts(texts, tokenizer, wl.input_tokens, wl.output_tokens, wl.prompts,
-                                   max(8, cfg.benchmark.warmup_requests), cfg.seed, wl.shared_prefix_tokens)
-    fid = cfg.gate.fidelity
-    sweep = Sweep(cfg, env, target, workload, include_path, Gate(cfg.gate, cfg.seed), experiment_id, ui,
-                  fixed_sequences(tokenizer, texts, int(fid.sequences), int(fid.length), cfg.seed))
+    kind = kinds.for_target(cfg, target, texts, include_path)
+    workload = kind.workload()
+    sweep = Sweep(cfg, env, target, workload, kind, Gate(cfg.gate, cfg.seed), experiment_id, ui)
     top = int(max(cfg.benchmark.concurrency))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     outcomes: list[RungOutcome] = []
@@ -207,9 +201,8 @@ def _climb(name, opt, champion, sweep: Sweep) -> RungOutcome:
                         criteria = [_performance(champion, outcome.bench, cand, engine, sweep, name)]
                         if cfg.gate.get("slos_still_met", True):
                             criteria.append(gate.slos(champion.bench, outcome.bench))
-                        criteria += [gate.accuracy(c, n) for c, n in zip(champion.accuracy, outcome.accuracy)]
-                        fidelity = judge(outcome.fidelity, cfg.gate.fidelity.max_kl,
-                                         cfg.gate.fidelity.min_top1, cfg.gate.confidence)
+                        criteria += _accuracy_criteria(gate, champion.accuracy, outcome.accuracy)
+                        fidelity = sweep.kind.judge(outcome.fidelity)
                         if opt.fidelity_gated:
                             criteria.append(fidelity)
                         else:
@@ -254,14 +247,7 @@ def _measure(cand, sweep: Sweep, name: str):
             mlflow.set_tag("roi.scores_reused_from", measured_by)
             ui.note(f"{name}: accuracy and fidelity as measured on {measured_by} (same model numerics)")
         else:
-            with ui.stage(f"{name}: lm-eval in the {cand.recipe.engine} engine"):
-                acc = evaluate(engine.lm_eval_model(int(cfg.accuracy.batch_size)), list(cfg.accuracy.tasks),
-                               cfg.gate.accuracy.metric, sweep.include_path, cfg.accuracy.limit, cfg.seed)
-            with ui.stage(f"{name}: fidelity against the baseline"):
-                # Against the original baseline, not the champion, so drift cannot build up rung by rung.
-                if sweep.reference is None:
-                    sweep.reference = BaselineLogprobs.record(engine, sweep.windows)
-                fidelity = sweep.reference.compare(engine)
+            acc, fidelity = sweep.kind.score(engine, ui.stage, name)
             sweep.scores[key] = (acc, fidelity, name)
         yield engine, bench, acc, fidelity   # still alive: the soak, if it runs, needs it
     finally:
@@ -305,6 +291,19 @@ def _performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate,
         if np.isfinite(ratio):
             mlflow.log_metric("gate/round_ratio", float(ratio), step=r)
     return gate.interleaved(rounds)
+
+
+def _accuracy_criteria(gate: Gate, champion: list[AccuracyReport], challenger: list[AccuracyReport]) -> list[Criterion]:
+    """One criterion per gated metric; with several (recall@1 and @5), each named after its metric so none
+    overwrites another's tag and numbers."""
+    criteria = [gate.accuracy(c, n) for c, n in zip(champion, challenger)]
+    if len(criteria) < 2:
+        return criteria
+    from dataclasses import replace
+
+    from experiments.accuracy import mlflow_name
+
+    return [replace(c, name=mlflow_name(f"accuracy_{n.metric}").replace(".", "_")) for c, n in zip(criteria, challenger)]
 
 
 def _soak(engine, bench: BenchmarkReport, criteria: list[Criterion], sweep: Sweep, name: str) -> list[Criterion]:
@@ -386,7 +385,7 @@ def _diagnose(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: 
     decode step is profiled too; a profiler that fails costs the table, not the sweep."""
     from dataclasses import replace
 
-    from experiments import diagnose, profiling, roofline
+    from experiments import diagnose, roofline
 
     cfg = sweep.cfg
     rules, hardware = cfg.diagnosis, roofline.Hardware.from_conf(cfg.hardware)   # local CPU: measured once, here
@@ -405,7 +404,24 @@ def _diagnose(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: 
     if champion is None or champion.name not in found:
         return
     _diagnose_model_layer(diagnose.place_on_roofline(champion.candidate, cfg.target.workload, hardware))
-    profile = None
+    profile = _profile_champion(champion, sweep)
+    result = replace(found[champion.name], profile=profile)
+    mlflow.set_tags(result.tags())
+    mlflow.log_metrics(result.to_metrics())
+    mlflow.log_text(result.to_markdown(), "diagnosis/diagnosis.md")
+    sweep.ui.note(f"diagnosis of {champion.name}: {result.tag}\n  recommended next rung: {result.next_rung}")
+
+
+def _profile_champion(champion: RungOutcome, sweep: Sweep):
+    """The champion's decode step under its engine's profiler; None (with the reason tagged) when there is no
+    decode step or the profiler fails — that costs the table, not the sweep."""
+    from experiments import profiling
+
+    cfg, rules = sweep.cfg, sweep.cfg.diagnosis
+    if not champion.candidate.target.decodes:
+        mlflow.set_tag("roi.diagnosis.framework_profile", "not applicable: the profile is of a decode step, and "
+                                                          "an encoder has none")
+        return None
     try:
         with sweep.ui.stage(f"diagnosis: profiling {champion.name}'s decode step"):
             engine = build_engine(champion.candidate, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
@@ -416,14 +432,11 @@ def _diagnose(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: 
                 engine.close()
         mlflow.log_text(profile.to_markdown(int(rules.profile.top_ops)), "diagnosis/framework_profile.md")
         mlflow.log_metrics(profile.to_metrics())
+        return profile
     except Exception as exc:  # noqa: BLE001  (the diagnosis says what it could not do)
         log.exception("profiling the champion failed")
         mlflow.set_tag("roi.diagnosis.framework_profile", f"failed: {type(exc).__name__}: {str(exc)[:400]}")
-    result = replace(found[champion.name], profile=profile)
-    mlflow.set_tags(result.tags())
-    mlflow.log_metrics(result.to_metrics())
-    mlflow.log_text(result.to_markdown(), "diagnosis/diagnosis.md")
-    sweep.ui.note(f"diagnosis of {champion.name}: {result.tag}\n  recommended next rung: {result.next_rung}")
+        return None
 
 
 def _diagnose_model_layer(report) -> None:
@@ -440,11 +453,6 @@ def _log_criteria(criteria: tuple[Criterion, ...]) -> None:
     for c in criteria:
         mlflow.log_metrics({f"gate/{c.name}/{k}": v for k, v in c.numbers.items()})
         mlflow.set_tag(f"roi.gate.{c.name}", f"{'pass' if c.passed else 'FAIL'}: {c.detail}"[:5000])
-
-
-def _tokenizer(model_dir):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(model_dir)
 
 
 def _markdown_table(outcomes: list[RungOutcome], top: int) -> str:

@@ -69,10 +69,12 @@ def pareto(outcomes, metric: str, stat: str, level: int) -> Figure:
     return fig
 
 
-def latency_percentiles(bench, metrics=("e2e_ms", "ttft_ms", "tpot_ms")) -> Figure:
-    """One rung: P50 / P95 / P99 of each latency against concurrency, with the percentiles' CIs as bands."""
+def latency_percentiles(bench, metrics=("e2e_ms", "ttft_ms", "tpot_ms", "batch_ms")) -> Figure:
+    """One rung: P50 / P95 / P99 of each latency against concurrency, with the percentiles' CIs as bands (the
+    latencies that apply: an encoder has no TTFT or TPOT, a decoder no batch latency)."""
+    metrics = [m for m in metrics if any(lv.stats.get(m) is not None for lv in bench.levels)] or ["e2e_ms"]
     fig = Figure(figsize=(4 * len(metrics), 3.5), layout="constrained")
-    axes = fig.subplots(1, len(metrics))
+    axes = fig.subplots(1, len(metrics), squeeze=False)[0]
     xs = [lv.concurrency for lv in bench.levels]
     for ax, metric in zip(axes, metrics):
         for q in ("p50", "p95", "p99"):

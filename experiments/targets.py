@@ -9,7 +9,7 @@ from experiments.models.corpus import Corpus
 from experiments.models.tiny_llm import TinyLlmRecipe, ensure_built, task_include_path
 from optimizers.base import Target
 
-BUILTINS = ("builtin:tiny-llm",)
+BUILTINS = {"builtin:tiny-llm": "causal-lm", "builtin:minilm": "embedding"}
 
 
 def check_source(cfg_target) -> None:
@@ -18,6 +18,9 @@ def check_source(cfg_target) -> None:
     if source.startswith("builtin:"):
         if source not in BUILTINS:
             raise ConfigError(f"unknown built-in target {source!r}", f"use one of: {', '.join(BUILTINS)}")
+        if cfg_target.get("kind") != BUILTINS[source]:
+            raise ConfigError(f"target.kind {cfg_target.get('kind')!r} does not match {source}, which is "
+                              f"{BUILTINS[source]!r}", f"set target.kind={BUILTINS[source]} or drop the override")
         return
     path = Path(source).expanduser()
     if path.exists():
@@ -46,5 +49,11 @@ def resolve(cfg_target, cache_dir: Path, data_dir: Path, progress) -> tuple[Targ
         texts = Corpus.from_stdlib(recipe.heldout_every).heldout
         tasks = task_include_path(model_dir, data_dir / "tasks" / model_dir.name)
         return Target(cfg_target.name, cfg_target.kind, model_dir), texts, tasks
-    raise ConfigError(f"target.source {cfg_target.source!r}: only builtin:tiny-llm has a workload corpus so far",
-                      "use target=tiny-llm")
+    if str(cfg_target.source) == "builtin:minilm":
+        from experiments.models.minilm import RetrievalSet, model_dir
+
+        # The workload embeds the retrieval set's own queries and passages: short and long texts mixed.
+        texts = RetrievalSet.from_stdlib(int(cfg_target.workload.texts), int(cfg_target.workload.seed)).texts()
+        return Target(cfg_target.name, cfg_target.kind, model_dir()), texts, None
+    raise ConfigError(f"target.source {cfg_target.source!r}: only the built-in targets have a workload corpus so far",
+                      "use target=tiny-llm or target=minilm")

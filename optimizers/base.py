@@ -10,16 +10,25 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 
+# Whether a target kind's model decodes token by token (decode steps, a KV cache) or, like an encoder, runs one
+# forward pass per request: rungs ask this, not the kind's name.
+DECODES = {"causal-lm": True, "embedding": False}
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
-    kind: str            # causal-lm
+    kind: str            # causal-lm | embedding
     model_dir: Path      # a Hugging Face folder (config, safetensors, tokenizer)
+
+    @property
+    def decodes(self) -> bool:
+        return DECODES[self.kind]
 
 
 @dataclass(frozen=True)
 class Recipe:
-    engine: str = "torch"            # torch | onnxruntime
+    engine: str = "torch"            # torch | onnxruntime | openvino (encoders)
     precision: str = "fp32"          # fp32 | bf16 | fp16
     quantization: str = "none"       # none | int8 | int4 | fp8 (weights of the decoder layers)
     execution_provider: str = "cpu"  # cpu | cuda (the device, for either engine)

@@ -2,7 +2,8 @@
 
 static: wait for a full batch of B (or a timeout), run it to completion, then the next batch (the seed's
 "static batch of 4"); dynamic: run when either B requests or the wait window is reached — both over
-onnxruntime-genai's Engine. continuous: requests join and leave the running batch at every step over a paged
+onnxruntime-genai's Engine for a causal LM, over one padded forward pass of any encoder engine for an embedding
+target. continuous: requests join and leave the running batch at every step over a paged
 KV cache — onnxruntime-genai's PagedAttention on CUDA, elsewhere the torch model under one of two
 iteration-level schedulers (`scheduler`): transformers' continuous-batching manager over a paged KV cache, or
 our own over a left-padded batched KV cache (experiments/serving/iteration.py) — since onnxruntime-genai's
@@ -42,7 +43,10 @@ class Batching(Optimizer):
         recipe = cand.recipe
         if recipe.batching in KINDS and KINDS.index(self.kind) <= KINDS.index(recipe.batching):
             return f"the champion already uses {recipe.batching} batching"
-        if self.kind != "continuous" and recipe.engine != "onnxruntime":
+        if self.kind == "continuous" and not cand.target.decodes:
+            return ("continuous batching schedules decode steps; an encoder runs one forward pass per request "
+                    "(its batching is static or dynamic)")
+        if self.kind != "continuous" and recipe.engine != "onnxruntime" and cand.target.decodes:
             return f"static and dynamic batching drive onnxruntime-genai's Engine; the champion runs {recipe.engine}"
         if self.kind == "continuous" and self._paged_ort(cand) and not env.cuda:
             return "onnxruntime-genai's PagedAttention needs a CUDA device; none is present"

@@ -10,6 +10,8 @@ class CudaGraph(Optimizer):
     def check(self, env: Env, cand: Candidate) -> str | None:
         if not env.cuda:
             return "CUDA Graph replays GPU kernel launches: no CUDA device is present"
+        if not cand.target.decodes:
+            return "graph capture here is of the decode step over a static KV cache; an encoder has neither"
         if cand.recipe.engine != "torch":
             return (f"the champion runs {cand.recipe.engine}; graph capture here is torch.compile's reduce-overhead "
                     f"over a static cache")

@@ -108,8 +108,9 @@ class Distillation(Optimizer):
 
     def check(self, env: Env, cand: Candidate) -> str | None:
         self.decision = ""
-        if cand.target.kind != "causal-lm":
-            return f"distillation here trains causal LMs; the target is {cand.target.kind!r}"
+        if not cand.target.decodes:
+            return (f"distillation here trains a causal-LM student on next-token targets; the target is an encoder "
+                    f"({cand.target.kind})")
         if self.name in cand.rungs:
             return "the champion is already a distilled student"
         teacher_layers = json.loads((Path(cand.target.model_dir) / "config.json").read_text()).get("num_hidden_layers")

@@ -1,4 +1,5 @@
-"""Engine swap: torch eager -> ONNX Runtime through onnxruntime-genai (exported graph + C++ decode loop)."""
+"""Engine swap: torch eager -> ONNX Runtime: onnxruntime-genai for a causal LM (exported graph + C++ decode loop),
+an exported pooled graph in an InferenceSession for an encoder."""
 from optimizers.base import Candidate, Env, Optimizer
 
 
@@ -12,8 +13,10 @@ class OnnxRuntimeSwap(Optimizer):
         self.execution_provider = execution_provider
 
     def check(self, env: Env, cand: Candidate) -> str | None:
-        if cand.target.kind != "causal-lm":
-            return f"onnxruntime-genai runs causal LMs; target kind is {cand.target.kind}"
+        from experiments.serving import ENGINES
+
+        if (cand.target.kind, "onnxruntime") not in ENGINES:
+            return f"no ONNX Runtime engine for a {cand.target.kind} target"
         if self.execution_provider == "cuda" and not env.cuda:
             return "execution_provider=cuda but no CUDA device is present"
         if cand.recipe.engine == "onnxruntime":

@@ -9,6 +9,8 @@ class PrefixCaching(Optimizer):
 
     def check(self, env: Env, cand: Candidate) -> str | None:
         recipe = cand.recipe
+        if not cand.target.decodes:
+            return "prefix caching reuses KV-cache blocks of a decoder; an encoder keeps no KV cache"
         if recipe.batching != "continuous":
             return (f"prefix caching shares blocks of a paged KV cache, which comes with continuous batching; "
                     f"the champion's batching is {recipe.batching}")

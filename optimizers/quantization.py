@@ -1,10 +1,10 @@
 """Weight quantization of the decoder layers (the tied embedding stays as it is), in the champion's engine:
 
-| scheme | onnxruntime (CPU or CUDA)          | torch on CPU                 | torch on CUDA                       |
-|--------|------------------------------------|------------------------------|-------------------------------------|
-| int8   | MatMulNBits 8-bit (builder -p int8) | dynamic int8 Linear          | torchao Int8WeightOnly              |
-| int4   | MatMulNBits 4-bit (builder -p int4) | no kernel: not applicable    | torchao Int4WeightOnly              |
-| fp8    | no FP8 path: not applicable        | no kernel: not applicable    | torchao float8 (compute cap >= 8.9) |
+| scheme | onnxruntime (CPU or CUDA)           | openvino (encoders) | torch on CPU        | torch on CUDA                       |
+|--------|-------------------------------------|---------------------|---------------------|-------------------------------------|
+| int8   | MatMulNBits 8-bit (builder -p int8) | NNCF INT8_ASYM      | dynamic int8 Linear | torchao Int8WeightOnly              |
+| int4   | MatMulNBits 4-bit (builder -p int4) | NNCF INT4_SYM, g32  | no kernel: n/a      | torchao Int4WeightOnly              |
+| fp8    | no FP8 path: not applicable         | no FP8 path: n/a    | no kernel: n/a      | torchao float8 (compute cap >= 8.9) |
 """
 from optimizers.base import Candidate, Env, Optimizer
 
@@ -27,12 +27,14 @@ class WeightQuantization(Optimizer):
             return "FP8 needs a CUDA device (torchao float8 kernels): none is present"
         if recipe.quantization != "none":
             return f"the champion is already quantized ({recipe.quantization})"
-        if recipe.engine not in ("torch", "onnxruntime"):
+        if recipe.engine not in ("torch", "onnxruntime", "openvino"):
             return f"no weight quantization path for engine {recipe.engine!r}"
         on_cuda = recipe.execution_provider == "cuda"
         if self.scheme == "fp8":
             if recipe.engine == "onnxruntime":
                 return "onnxruntime-genai has no FP8 weight path"
+            if recipe.engine == "openvino":
+                return "the OpenVINO engine compresses weights to int8/int4 (NNCF) only; FP8 here is torchao on CUDA"
             if not on_cuda:
                 return "FP8 needs a CUDA device (torchao float8 kernels); the champion runs on CPU"
             if env.cuda_capability and tuple(env.cuda_capability) < FP8_MIN_CAPABILITY:

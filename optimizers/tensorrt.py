@@ -22,6 +22,8 @@ class TensorRT(Optimizer):
             return "TensorRT builds engines for an NVIDIA GPU: no CUDA device is present"
         if importlib.util.find_spec("torch_tensorrt") is None:
             return "torch-tensorrt is not installed: pip install -e '.[gpu]'"
+        if not cand.target.decodes:
+            return "the TensorRT path compiles the decoder's torch graph; it is not built for encoders"
         if cand.recipe.compile == "tensorrt":
             return "the champion already runs TensorRT"
         return None

@@ -224,7 +224,7 @@ def test_skips_without_evidence_or_where_it_cannot_apply(tiny_target):
     opt.observe(SimpleNamespace(bench=hot))
     assert "already a distilled student" in opt.check(CPU, Candidate(tiny_target).edited("distillation"))
     embedding = Candidate(Target("m", "embedding", tiny_target.model_dir))
-    assert "causal LMs" in opt.check(CPU, embedding)
+    assert "causal-LM student" in opt.check(CPU, embedding) and "encoder" in opt.check(CPU, embedding)
 
 
 def test_rung_is_built_from_its_yaml(tmp_path):

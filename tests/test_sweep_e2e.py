@@ -9,7 +9,7 @@ from conftest import REPO, SHARED_CACHE
 
 pytestmark = pytest.mark.slow
 VERDICTS = {"accepted", "rejected", "skipped", "failed"}
-LADDER = ["baseline", "torch_compile", "onnxruntime", "tensorrt", "static_batching", "dynamic_batching",
+LADDER = ["baseline", "torch_compile", "onnxruntime", "openvino", "tensorrt", "static_batching", "dynamic_batching",
           "continuous_batching", "cuda_graph", "half_precision", "int8", "int4", "fp8", "prefix_caching",
           "distillation"]
 
@@ -37,6 +37,7 @@ def test_one_parent_and_one_child_per_rung(sweep):
     for gpu_rung in ("tensorrt", "cuda_graph", "fp8"):       # on this CPU machine: skipped, with the reason
         tags = by_rung[gpu_rung].data.tags
         assert tags["roi.verdict"] == "skipped" and "CUDA" in tags["roi.reason"], tags["roi.reason"]
+    assert "optimum-intel" in by_rung["openvino"].data.tags["roi.reason"]   # encoders only, and why
     # continuous batching really ran (transformers' manager over a paged KV cache) and held KV blocks
     continuous = by_rung["continuous_batching"]
     assert continuous.data.tags["roi.verdict"] in ("accepted", "rejected")

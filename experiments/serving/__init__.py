@@ -1,20 +1,31 @@
-"""Engines that run a candidate's recipe."""
+"""Engines that run a candidate's recipe: which class builds it depends on the target's kind and the recipe's
+engine (a causal LM decodes step by step; an encoder runs one forward pass per batch)."""
 from __future__ import annotations
 
+from importlib import import_module
 from pathlib import Path
 
 from experiments.serving.engine import Engine
 from optimizers.base import Candidate
 
-ENGINES = ("torch", "onnxruntime")
+# (target kind, recipe engine) -> "module:class"; the class takes (cand, threads[, artefact_root]).
+ENGINES = {
+    ("causal-lm", "torch"): "experiments.serving.torch_engine:TorchEngine",
+    ("causal-lm", "onnxruntime"): "experiments.serving.ort_engine:OrtGenaiEngine",
+    ("embedding", "torch"): "experiments.serving.encoder:TorchEncoder",
+    ("embedding", "onnxruntime"): "experiments.serving.encoder:OrtEncoder",
+    ("embedding", "openvino"): "experiments.serving.openvino_encoder:OpenVinoEncoder",
+}
+NEEDS_ARTEFACTS = {"onnxruntime", "openvino"}
 
 
 def build_engine(cand: Candidate, threads: int, artefact_root: Path) -> Engine:
-    engine = cand.recipe.engine
-    if engine == "torch":
-        from experiments.serving.torch_engine import TorchEngine
-        return TorchEngine(cand, threads)
-    if engine == "onnxruntime":
-        from experiments.serving.ort_engine import OrtGenaiEngine
-        return OrtGenaiEngine(cand, threads, artefact_root)
-    raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    key = (cand.target.kind, cand.recipe.engine)
+    if key not in ENGINES:
+        known = ", ".join(e for k, e in ENGINES if k == cand.target.kind)
+        raise ValueError(f"no {cand.recipe.engine!r} engine for a {cand.target.kind} target; known: {known}")
+    module, cls = ENGINES[key].split(":")
+    engine_class = getattr(import_module(module), cls)
+    if cand.recipe.engine in NEEDS_ARTEFACTS:
+        return engine_class(cand, threads, artefact_root)
+    return engine_class(cand, threads)

@@ -16,6 +16,25 @@ import numpy as np
 from experiments.benchmark import Prompt, RequestRecord
 
 
+def collect_batch(requests: queue.Queue, max_batch: int, max_wait_s: float) -> list[RequestRecord]:
+    """Block for the first request, then take up to max_batch, waiting at most max_wait_s after the first;
+    [] once the queue is closed (None)."""
+    first = requests.get()
+    if first is None:
+        return []
+    batch, deadline = [first], time.perf_counter() + max_wait_s
+    while len(batch) < max_batch:
+        try:
+            rec = requests.get(timeout=max(0.0, deadline - time.perf_counter()))
+        except queue.Empty:
+            break
+        if rec is None:
+            requests.put(None)   # the close is for the serving loop too
+            break
+        batch.append(rec)
+    return batch
+
+
 class BatchingServer:
     def __init__(self, engine, kind: str, max_batch: int, max_wait_ms: float):
         import onnxruntime_genai as og
@@ -64,19 +83,7 @@ class BatchingServer:
                 self._step()
 
     def _collect_batch(self) -> list[RequestRecord]:
-        first = self._queue.get()
-        if first is None:
-            return []
-        batch, deadline = [first], time.perf_counter() + self.max_wait_s
-        while len(batch) < self.max_batch:
-            try:
-                rec = self._queue.get(timeout=max(0.0, deadline - time.perf_counter()))
-            except queue.Empty:
-                break
-            if rec is None:
-                break
-            batch.append(rec)
-        return batch
+        return collect_batch(self._queue, self.max_batch, self.max_wait_s)
 
     def _drain(self, block: bool) -> list[RequestRecord]:
         recs = []

@@ -8,6 +8,7 @@ from pathlib import Path
 
 class Engine(ABC):
     name: str
+    decodes = True    # token by token; an encoder answers a request with one forward pass
 
     @abstractmethod
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Iterator[tuple[int, float]]:

@@ -1,7 +1,6 @@
 """ONNX Runtime through onnxruntime-genai: the builder exports (and quantizes) the model, its C++ loop decodes."""
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.models.tiny_llm import manifest_ok, write_manifest
+from experiments.artefacts import cached
 from experiments.serving.engine import Engine
 from optimizers.base import Candidate
 
@@ -41,26 +40,20 @@ def export(cand: Candidate, artefact_root: Path, timeout_s: float = 900) -> tupl
     precision, extra = builder_options(recipe)
     source = json.loads((Path(cand.target.model_dir) / "manifest.json").read_text()) \
         if (Path(cand.target.model_dir) / "manifest.json").exists() else str(cand.target.model_dir)
-    key = hashlib.sha256(json.dumps({"source": source, "precision": precision, "extra": extra,
-                                     "ep": recipe.execution_provider, "genai": onnxruntime_genai.__version__},
-                                    sort_keys=True).encode()).hexdigest()[:12]
-    out = Path(artefact_root) / f"ort-{precision}-{key}"
-    if out.exists() and manifest_ok(out):
-        return out, True
-    shutil.rmtree(out, ignore_errors=True)
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
+    key = {"source": source, "precision": precision, "extra": extra, "ep": recipe.execution_provider,
+           "genai": onnxruntime_genai.__version__}
+    return cached(artefact_root, f"ort-{precision}", key, lambda tmp: _build(cand, precision, extra, tmp, timeout_s))
+
+
+def _build(cand: Candidate, precision: str, extra: list[str], tmp: Path, timeout_s: float) -> None:
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(cand.target.model_dir),
-           "-o", str(tmp), "-p", precision, "-e", recipe.execution_provider,
+           "-o", str(tmp), "-p", precision, "-e", cand.recipe.execution_provider,
            "-c", str(tmp) + ".cache"] + (["--extra_options", *extra] if extra else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     shutil.rmtree(str(tmp) + ".cache", ignore_errors=True)
     if proc.returncode != 0 or not (tmp / "genai_config.json").exists():
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
         raise RuntimeError(f"onnxruntime-genai builder failed (exit {proc.returncode}):\n{tail}")
-    write_manifest(tmp)
-    tmp.rename(out)
-    return out, False
 
 
 class OrtGenaiEngine(Engine):
@@ -165,6 +158,9 @@ def graph_weight_bits(onnx_path: Path) -> float:
             attrs = {a.name: a.i for a in node.attribute}
             stored += sum(bits_of(name) for name in node.input[1:4])
             weights += attrs["K"] * attrs["N"]
+        elif node.op_type == "MatMulInteger" and node.input[1] in inits:   # dynamic int8: weight + zero point
+            stored += sum(bits_of(name) for name in node.input[1:4:2])
+            weights += bits_of(node.input[1]) // 8
         elif node.op_type == "MatMul" and node.input[1] in inits:
             numel = bits_of(node.input[1]) // (helper.tensor_dtype_to_np_dtype(inits[node.input[1]].data_type)
                                                .itemsize * 8)

@@ -104,17 +104,22 @@ class TorchEngine(Engine):
     def weight_bits(self) -> float:
         """Stored bits per weight of the linear layers (lm_head included), as ONNX graphs are counted: packed
         quantized weights at their stored size, torchao tensor subclasses by their inner tensors."""
-        stored, weights = 0, 0
-        for module in self.model.modules():
-            if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
-                weight, _ = module._packed_params._weight_bias()
-            elif isinstance(module, torch.nn.Linear):
-                weight = module.weight
-            else:
-                continue
-            stored += _stored_bits(weight)
-            weights += weight.shape[0] * weight.shape[1]
-        return stored / max(1, weights)
+        return linear_weight_bits(self.model)
+
+
+def linear_weight_bits(model: torch.nn.Module) -> float:
+    """Stored bits per weight over the model's Linear layers (dynamic int8 ones by their packed weights)."""
+    stored, weights = 0, 0
+    for module in model.modules():
+        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+            weight, _ = module._packed_params._weight_bias()
+        elif isinstance(module, torch.nn.Linear):
+            weight = module.weight
+        else:
+            continue
+        stored += _stored_bits(weight)
+        weights += weight.shape[0] * weight.shape[1]
+    return stored / max(1, weights)
 
 
 def quantize(model, quantization: str, device: torch.device) -> None:

@@ -1,0 +1,32 @@
+"""Engine swap: torch eager -> OpenVINO, for targets with an OpenVINO engine (encoders: the fp32 ONNX export
+converted with plain `openvino`, weights compressed by NNCF at the quantization rungs)."""
+from importlib.util import find_spec
+
+from optimizers.base import Candidate, Env, Optimizer
+
+
+class OpenVinoSwap(Optimizer):
+    name = "openvino"
+    cost = "zero"
+
+    def check(self, env: Env, cand: Candidate) -> str | None:
+        from experiments.serving import ENGINES
+
+        recipe = cand.recipe
+        if (cand.target.kind, "openvino") not in ENGINES:
+            kinds = ", ".join(sorted(kind for kind, engine in ENGINES if engine == "openvino"))
+            return (f"OpenVINO here runs {kinds} targets (plain openvino from the ONNX export), not "
+                    f"{cand.target.kind}; causal LMs would need optimum-intel, which pulls torchvision and replaces "
+                    "the pinned CPU torch")
+        if find_spec("openvino") is None:
+            return "openvino is not installed: pip install -e . (openvino==2026.4.1 and nncf==3.4.0)"
+        if recipe.engine == "openvino":
+            return "the champion already runs in OpenVINO"
+        if recipe.batching == "continuous" or recipe.compile != "none" or recipe.cuda_graph:
+            return ("the champion batches continuously or is compiled (a torch-only path); "
+                    "OpenVINO serves one request or a padded batch per forward pass")
+        return None
+
+    def apply(self, cand: Candidate) -> Candidate:
+        # torch-only settings do not carry over to the converted graph; the CPU plugin is the device here.
+        return cand.edited(self.name, engine="openvino", compile="none", cuda_graph=False, execution_provider="cpu")
