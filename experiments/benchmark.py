@@ -559,9 +559,9 @@ def run_ladder(server, workload: Workload, cfg, confidence: float = 0.95,
                on_level=lambda c: None) -> BenchmarkReport:
     """run_benchmark over a server that is already up (in-process, or an HTTP endpoint); the caller closes it."""
     from experiments.errors import ConfigError
-    from experiments.slo import parse_all, sla_capacity
+    from experiments.slo import applicable, parse_all, sla_capacity
 
-    slos = parse_all(cfg.get("slos"))
+    slos, _ = applicable(parse_all(cfg.get("slos")), workload.metrics)
     if not workload.prompts:
         raise ConfigError("the workload has no prompts", "set target.workload.prompts to 1 or more")
     open_loop = cfg.get("mode", "closed") == "open"

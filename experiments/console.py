@@ -51,17 +51,18 @@ class SweepConsole:
                            f"— {outcome.verdict.reason}")
 
     def summary(self, result, top: int, tracking_uri: str) -> None:
+        from experiments.ladder import RungOutcome
+
         table = Table(title="ROI ladder", show_lines=True)
-        for col in ("rung", "verdict", "TTFT p50 ms (c=1)", "TPOT p50 ms (c=1)", f"tokens/s (c={top})",
-                    "accuracy", "reason"):
+        first = result.outcomes[0].candidate if result.outcomes else None
+        columns = RungOutcome.columns(first is None or first.target.decodes, top)
+        for col in ("rung", "verdict", *(header for _, header, _ in columns), "reason"):
             table.add_column(col, overflow="fold")
         for o in result.outcomes:
             s = o.summary(top)
             before = o.champion_before.summary(top) if o.champion_before else {}
             table.add_row(o.name, f"[{VERDICT_STYLE.get(o.verdict.status, '')}]{o.verdict.status}",
-                          _cell(s, before, "ttft_ms_p50", "%.2f"), _cell(s, before, "tpot_ms_p50", "%.3f"),
-                          _cell(s, before, "tokens_per_s", "%.0f"), _cell(s, before, "accuracy", "%.3f"),
-                          o.verdict.reason)
+                          *(_cell(s, before, key, fmt) for key, _, fmt in columns), o.verdict.reason)
         self.console.print(table)
         champ = result.champion
         self.console.print(f"Champion: [bold]{champ.name if champ else 'none'}[/bold] "

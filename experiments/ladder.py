@@ -23,6 +23,7 @@ from experiments.errors import ConfigError
 from experiments.fidelity import FidelityReport
 from experiments.gate import Criterion, Gate, Verdict, check_config as check_gate_config
 from experiments.serving import build_engine
+from experiments.slo import applicable, parse_all
 from experiments.targets import check_source, resolve
 from optimizers.base import Candidate, Env, Optimizer
 from optimizers.baseline import EagerBaseline
@@ -42,6 +43,16 @@ class RungOutcome:
     fidelity: FidelityReport | None = None
     run_id: str | None = None
     champion_before: "RungOutcome | None" = None
+
+    @staticmethod
+    def columns(decodes: bool, top: int) -> list[tuple[str, str, str]]:
+        """(summary key, header, format) of the ladder table: TTFT and TPOT for a decoder, E2E and
+        embeddings/s for an encoder."""
+        if decodes:
+            return [("ttft_ms_p50", "TTFT p50 ms (c=1)", "%.2f"), ("tpot_ms_p50", "TPOT p50 ms (c=1)", "%.3f"),
+                    ("tokens_per_s", f"tokens/s (c={top})", "%.0f"), ("accuracy", "accuracy", "%.3f")]
+        return [("e2e_ms_p50", "E2E p50 ms (c=1)", "%.2f"), ("tokens_per_s", f"embeddings/s (c={top})", "%.0f"),
+                ("accuracy", "accuracy", "%.3f")]
 
     def summary(self, top_concurrency: int) -> dict[str, float]:
         if self.bench is None:
@@ -139,6 +150,10 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     include_path = Path(cfg.accuracy.include_path) if cfg.accuracy.include_path else shipped_tasks
     kind = kinds.for_target(cfg, target, texts, include_path)
     workload = kind.workload()
+    _, not_applicable = applicable(parse_all(cfg.benchmark.slos), workload.metrics)
+    if not_applicable:
+        ui.note(f"SLOs that do not apply to a {target.kind} target, left out: "
+                f"{', '.join(s.text for s in not_applicable)}")
     sweep = Sweep(cfg, env, target, workload, kind, Gate(cfg.gate, cfg.seed), experiment_id, ui)
     top = int(max(cfg.benchmark.concurrency))
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -152,6 +167,8 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         tracking.log_params(tracking.flatten(resolved))
         mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
         tracking.write_json(tracking.environment(), "env.json")
+        if not_applicable:
+            mlflow.set_tag("roi.slos.not_applicable", ", ".join(s.text for s in not_applicable))
         for name, opt in rungs:
             outcome = _climb(name, opt, champion, sweep)
             outcomes.append(outcome)
@@ -456,11 +473,11 @@ def _log_criteria(criteria: tuple[Criterion, ...]) -> None:
 
 
 def _markdown_table(outcomes: list[RungOutcome], top: int) -> str:
-    rows = ["| rung | verdict | TTFT p50 ms (c=1) | TPOT p50 ms (c=1) | tokens/s (c=%d) | accuracy | reason |" % top,
-            "|---|---|---|---|---|---|---|"]
+    columns = RungOutcome.columns(outcomes[0].candidate is None or outcomes[0].candidate.target.decodes, top)
+    rows = ["| rung | verdict | " + " | ".join(h for _, h, _ in columns) + " | reason |",
+            "|---|---|" + "---|" * len(columns) + "---|"]
     for o in outcomes:
         s = o.summary(top)
-        fmt = lambda k, f: (f % s[k]) if k in s else "–"  # noqa: E731
-        rows.append(f"| {o.name} | {o.verdict.status} | {fmt('ttft_ms_p50', '%.2f')} | {fmt('tpot_ms_p50', '%.3f')}"
-                    f" | {fmt('tokens_per_s', '%.0f')} | {fmt('accuracy', '%.3f')} | {o.verdict.reason} |")
+        cells = " | ".join((f % s[k]) if k in s else "–" for k, _, f in columns)
+        rows.append(f"| {o.name} | {o.verdict.status} | {cells} | {o.verdict.reason} |")
     return "\n".join(rows) + "\n"

@@ -44,6 +44,11 @@ def parse_all(texts) -> list[SLO]:
     return [SLO.parse(t) for t in texts or []]
 
 
+def applicable(slos: list[SLO], metrics) -> tuple[list[SLO], list[SLO]]:
+    """(the SLOs on metrics this workload measures, the others): an encoder's request has no TTFT or TPOT."""
+    return [s for s in slos if s.metric in metrics], [s for s in slos if s.metric not in metrics]
+
+
 def request_meets(record, slos: list[SLO]) -> bool:
     """A request counts towards goodput when it succeeded and each of its own values is within every SLO."""
     if not record.ok:

@@ -132,3 +132,14 @@ def test_bad_embedding_config_is_refused_before_work(tmp_path):
     cfg = compose(["target=minilm", "target.scoring.recall_at=[0]", f"data_dir={tmp_path}"])
     with pytest.raises(ConfigError, match="recall_at"):
         kinds.for_target(cfg, Target("minilm", "embedding", Path(model_dir())), ["a", "b"], None)
+
+
+def test_slos_on_latencies_an_encoder_lacks_are_left_out():
+    from experiments.benchmark import ENCODER_METRICS, LATENCY_METRICS
+    from experiments.slo import applicable, parse_all
+
+    slos = parse_all(["p95_ttft_ms<=100", "p99_e2e_ms<=500", "p50_tpot_ms<=5"])
+    kept, left_out = applicable(slos, ENCODER_METRICS)
+    assert [s.text for s in kept] == ["p99_e2e_ms<=500"]
+    assert [s.text for s in left_out] == ["p95_ttft_ms<=100", "p50_tpot_ms<=5"]
+    assert applicable(slos, LATENCY_METRICS) == (slos, [])
