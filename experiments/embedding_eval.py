@@ -118,7 +118,10 @@ class BaselineEmbeddings:
         return cls(ids, batch_size, embed_token_ids(embed, ids, batch_size))
 
     def compare(self, embed: Embed) -> CosineReport:
-        candidate = embed_token_ids(embed, self.token_ids, self.batch_size)
+        return self.against(embed_token_ids(embed, self.token_ids, self.batch_size))
+
+    def against(self, candidate: np.ndarray) -> CosineReport:
+        """The cosine report of embeddings a candidate already made of the same texts, in the same order."""
         if candidate.shape != self.embeddings.shape:
             raise ValueError(f"candidate embeddings {candidate.shape} vs baseline {self.embeddings.shape}")
         return CosineReport.from_cosines((_unit_rows(candidate) * _unit_rows(self.embeddings)).sum(axis=1))

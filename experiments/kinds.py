@@ -73,19 +73,18 @@ class Embedding:
                                        cfg.seed, int(wl.max_tokens))
 
     def score(self, engine, stage, name: str) -> tuple[list[AccuracyReport], object]:
-        from experiments.embedding_eval import BaselineEmbeddings, embed_texts, recall_at_k
+        from experiments.embedding_eval import BaselineEmbeddings, embed_token_ids, recall_at_k, tokenized
 
         sc, rs = self.scoring, self.retrieval
-        embed = lambda batch: engine.embed(batch)[0]  # noqa: E731
-        args = dict(batch_size=int(sc.batch_size), max_tokens=int(self.cfg.target.workload.max_tokens))
-        with stage(f"{name}: retrieval of {len(rs.queries)} queries in the {engine.name} engine"):
-            queries = embed_texts(embed, self.tokenizer, list(rs.queries), **args)
-            passages = embed_texts(embed, self.tokenizer, list(rs.passages), **args)
-            acc = [recall_at_k(queries, passages, rs.relevant, int(k)) for k in sc.recall_at]
-        with stage(f"{name}: cosine against the fp32 baseline"):
-            if self.reference is None:
-                self.reference = BaselineEmbeddings.record(embed, self.tokenizer, rs.texts(), **args)
-            return acc, self.reference.compare(embed)
+        token_ids = tokenized(self.tokenizer, rs.texts(), int(self.cfg.target.workload.max_tokens))
+        with stage(f"{name}: {len(rs.queries)} queries and their passages embedded in the {engine.name} engine"):
+            # one pass serves both criteria: retrieval, and the cosine of the same embeddings to the baseline's
+            embeddings = embed_token_ids(lambda batch: engine.embed(batch)[0], token_ids, int(sc.batch_size))
+        queries, passages = embeddings[:len(rs.queries)], embeddings[len(rs.queries):]
+        acc = [recall_at_k(queries, passages, rs.relevant, int(k)) for k in sc.recall_at]
+        if self.reference is None:
+            self.reference = BaselineEmbeddings(tuple(map(tuple, token_ids)), int(sc.batch_size), embeddings)
+        return acc, self.reference.against(embeddings)
 
     def judge(self, report) -> Criterion:
         from experiments.embedding_eval import judge_cosine
