@@ -13,7 +13,7 @@ import mlflow
 import numpy as np
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from experiments import interleaved, kinds, soak, tracking
 from experiments.accuracy import AccuracyReport
@@ -156,7 +156,6 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
                 f"{', '.join(s.text for s in not_applicable)}")
     sweep = Sweep(cfg, env, target, workload, kind, Gate(cfg.gate, cfg.seed), experiment_id, ui)
     top = int(max(cfg.benchmark.concurrency))
-    resolved = OmegaConf.to_container(cfg, resolve=True)
     outcomes: list[RungOutcome] = []
     champion: RungOutcome | None = None
     sweep_id = time.strftime("%Y%m%d-%H%M%S")
@@ -164,8 +163,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
                       tags={"roi.sweep": sweep_id, "roi.target": target.name, "roi.kind": "sweep",
                             "roi.profile": str(cfg.get("profile_name", "")), "git_commit": tracking.git_commit(),
                             "hardware": "cuda" if env.cuda else "cpu"}) as parent:
-        tracking.log_params(tracking.flatten(resolved))
-        mlflow.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
+        tracking.log_config(cfg)
         tracking.write_json(tracking.environment(), "env.json")
         if not_applicable:
             mlflow.set_tag("roi.slos.not_applicable", ", ".join(s.text for s in not_applicable))
@@ -232,7 +230,7 @@ def _climb(name, opt, champion, sweep: Sweep) -> RungOutcome:
         except Exception as exc:  # a rung that breaks is a verdict, not the end of the sweep
             log.exception("rung %s failed", name)
             outcome.verdict = Verdict("failed", f"{type(exc).__name__}: {str(exc)[:400]}")
-        mlflow.set_tags({"roi.verdict": outcome.verdict.status, "roi.reason": outcome.verdict.reason[:5000]})
+        tracking.set_tags({"roi.verdict": outcome.verdict.status, "roi.reason": outcome.verdict.reason[:5000]})
         if outcome.verdict.status != "accepted":
             mlflow.set_tag("roi.reverted_to", champion.run_id if champion else "")
     return outcome

@@ -11,6 +11,8 @@ from pathlib import Path
 import mlflow
 from mlflow.tracking import MlflowClient
 
+from experiments.secrets import scrub_params, scrub_text, scrub_tree
+
 MAX_PARAM_CHARS = 500
 
 
@@ -46,7 +48,7 @@ def flatten(d, prefix: str = "") -> dict[str, str]:
 
 
 def log_params(params: dict[str, str]) -> None:
-    items = list(params.items())
+    items = list(scrub_params(params).items())
     for i in range(0, len(items), 100):
         mlflow.log_params(dict(items[i:i + 100]))
 
@@ -64,8 +66,17 @@ def log_series(series: dict[str, list[tuple[int, float]]], prefix: str = "") -> 
 
 @contextmanager
 def run(name: str, experiment_id: str, nested: bool = False, tags: dict | None = None):
-    with mlflow.start_run(run_name=name, experiment_id=experiment_id, nested=nested, tags=tags or {}) as r:
+    with mlflow.start_run(run_name=name, experiment_id=experiment_id, nested=nested,
+                          tags={k: scrub_text(v) for k, v in (tags or {}).items()}) as r:
         yield r
+
+
+def set_tags(tags: dict) -> None:
+    mlflow.set_tags({k: scrub_text(v) for k, v in tags.items()})
+
+
+def log_text(text: str, artifact_path: str) -> None:
+    mlflow.log_text(scrub_text(text), artifact_path)
 
 
 def environment() -> dict:
@@ -109,4 +120,13 @@ def git_commit() -> str:
 
 
 def write_json(obj, artifact_path: str) -> None:
-    mlflow.log_text(json.dumps(obj, indent=2, default=str), artifact_path)
+    mlflow.log_text(scrub_text(json.dumps(scrub_tree(obj), indent=2, default=str)), artifact_path)
+
+
+def log_config(cfg) -> None:
+    """The resolved config as params (flattened) and as `config/resolved.yaml`, secrets masked in both."""
+    from omegaconf import OmegaConf
+
+    resolved = scrub_tree(OmegaConf.to_container(cfg, resolve=True))
+    log_params(flatten(resolved))
+    log_text(OmegaConf.to_yaml(OmegaConf.create(resolved)), "config/resolved.yaml")

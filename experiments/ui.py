@@ -27,7 +27,8 @@ def serve_ui(cfg) -> int:
           flush=True)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", str(t.uri), "--host", str(t.ui_host),
-           "--port", str(t.ui_port), "--workers", "1"]
+           "--port", str(t.ui_port), "--workers", "1", "--allowed-hosts", str(t.ui_allowed_hosts),
+           "--cors-allowed-origins", str(t.ui_cors_allowed_origins)]
     try:
         return subprocess.call(cmd, env=env)
     except KeyboardInterrupt:

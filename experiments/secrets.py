@@ -1,0 +1,52 @@
+"""Secrets never reach MLflow: what the tracker writes (params, tags, config, JSON artefacts) passes through here.
+
+Masked: values under secret-looking keys (`hf_token`, `password`, `api_key`, ...), the password of any URL
+(`postgresql://user:***@host`), strings shaped like well-known tokens (Hugging Face, GitHub, OpenAI, AWS,
+Slack), and the value of any environment variable with a secret-looking name (HF_TOKEN, *_PASSWORD, ...).
+"""
+from __future__ import annotations
+
+import os
+import re
+
+MASK = "***"
+SECRET_KEY = re.compile(r"(^|[._-])(hf_)?(token|auth_token|password|passwd|secret|api_?key|access_?key|secret_?key|"
+                        r"private_?key|credentials?)$", re.IGNORECASE)
+SECRET_ENV = re.compile(r"(^|_)(TOKEN|PASSWORD|PASSWD|SECRET|API_?KEY|ACCESS_?KEY|SECRET_?KEY|PRIVATE_?KEY|"
+                        r"CREDENTIALS?)$", re.IGNORECASE)
+URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*):(?P<password>[^@/\s]+)@", re.IGNORECASE)
+TOKEN_SHAPES = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}|"
+                          r"xox[abprs]-[A-Za-z0-9-]{10,})\b")
+MIN_ENV_SECRET = 6   # shorter values ("1", "true") would mask ordinary text
+
+
+def env_secrets() -> list[str]:
+    return sorted((v for k, v in os.environ.items() if SECRET_ENV.search(k) and len(v) >= MIN_ENV_SECRET),
+                  key=len, reverse=True)
+
+
+def scrub_text(text: str) -> str:
+    text = URL_PASSWORD.sub(rf"\g<head>:{MASK}@", str(text))
+    text = TOKEN_SHAPES.sub(MASK, text)
+    for value in env_secrets():
+        text = text.replace(value, MASK)
+    return text
+
+
+def is_secret_key(key) -> bool:
+    return bool(SECRET_KEY.search(str(key)))
+
+
+def scrub_tree(obj):
+    """A copy of nested dicts/lists/strings with secret keys masked and every string scrubbed."""
+    if isinstance(obj, dict):
+        return {k: (MASK if is_secret_key(k) and v not in (None, "") else scrub_tree(v)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(scrub_tree(v) for v in obj)
+    if isinstance(obj, str):
+        return scrub_text(obj)
+    return obj
+
+
+def scrub_params(params: dict[str, str]) -> dict[str, str]:
+    return {k: (MASK if is_secret_key(k) and v not in ("None", "") else scrub_text(v)) for k, v in params.items()}
