@@ -22,6 +22,9 @@ class HalfPrecision(Optimizer):
             return f"the champion already runs {recipe.precision}"
         if recipe.quantization != "none":
             return f"the champion's weights are {recipe.quantization}; half precision comes before quantization"
+        if recipe.engine == "openvino":
+            return ("the OpenVINO engines here compute in f32 (its precision hint, for parity with torch); their "
+                    "weights shrink at the quantization rungs (NNCF)")
         if recipe.engine == "onnxruntime" and recipe.execution_provider == "cpu" and dtype == "bf16":
             return ("ONNX Runtime's CPU kernels cannot run the bf16 export (no bf16 Where kernel); set "
                     "cpu_dtype: fp16 to try ONNX Runtime fp16, or run bf16 in the torch engine")

@@ -1,5 +1,6 @@
-"""Engine swap: torch eager -> OpenVINO, for targets with an OpenVINO engine (encoders: the fp32 ONNX export
-converted with plain `openvino`, weights compressed by NNCF at the quantization rungs)."""
+"""Engine swap: torch eager -> OpenVINO, for targets with an OpenVINO engine, converted with plain `openvino`
+(encoders: the fp32 ONNX export; causal LMs: the torch model traced as one decode step over an explicit KV cache),
+weights compressed by NNCF at the quantization rungs."""
 from importlib.util import find_spec
 
 from optimizers.base import Candidate, Env, Optimizer
@@ -15,9 +16,7 @@ class OpenVinoSwap(Optimizer):
         recipe = cand.recipe
         if (cand.target.kind, "openvino") not in ENGINES:
             kinds = ", ".join(sorted(kind for kind, engine in ENGINES if engine == "openvino"))
-            return (f"OpenVINO here runs {kinds} targets (plain openvino from the ONNX export), not "
-                    f"{cand.target.kind}; causal LMs would need optimum-intel, which pulls torchvision and replaces "
-                    "the pinned CPU torch")
+            return f"OpenVINO here runs {kinds} targets, not {cand.target.kind}"
         if find_spec("openvino") is None:
             return "openvino is not installed: pip install -e . (openvino==2026.4.1 and nncf==3.4.0)"
         if recipe.engine == "openvino":

@@ -1,6 +1,6 @@
 """Weight quantization of the decoder layers (the tied embedding stays as it is), in the champion's engine:
 
-| scheme | onnxruntime (CPU or CUDA)           | openvino (encoders) | torch on CPU        | torch on CUDA                       |
+| scheme | onnxruntime (CPU or CUDA)           | openvino (CPU)      | torch on CPU        | torch on CUDA                       |
 |--------|-------------------------------------|---------------------|---------------------|-------------------------------------|
 | int8   | MatMulNBits 8-bit (builder -p int8) | NNCF INT8_ASYM      | dynamic int8 Linear | torchao Int8WeightOnly              |
 | int4   | MatMulNBits 4-bit (builder -p int4) | NNCF INT4_SYM, g32  | no kernel: n/a      | torchao Int4WeightOnly              |

@@ -96,7 +96,7 @@ def test_the_rung_swaps_an_encoder_and_says_why_not_otherwise(minilm):
     assert (challenger.recipe.engine, challenger.recipe.execution_provider, challenger.rungs) == \
         ("openvino", "cpu", ("openvino",))
     causal = Candidate(Target("tiny-llm", "causal-lm", minilm.model_dir))
-    assert "optimum-intel" in rung.check(CPU, causal) and "embedding" in rung.check(CPU, causal)
+    assert rung.check(CPU, causal) is None          # causal LMs have their OpenVINO engine too
     assert "already runs in OpenVINO" in rung.check(CPU, challenger)
     compiled = Candidate(minilm, replace(torch_champion.recipe, compile="inductor"))
     assert "compiled" in rung.check(CPU, compiled)

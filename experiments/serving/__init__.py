@@ -12,6 +12,7 @@ from optimizers.base import Candidate
 ENGINES = {
     ("causal-lm", "torch"): "experiments.serving.torch_engine:TorchEngine",
     ("causal-lm", "onnxruntime"): "experiments.serving.ort_engine:OrtGenaiEngine",
+    ("causal-lm", "openvino"): "experiments.serving.openvino_llm:OpenVinoCausalLM",
     ("embedding", "torch"): "experiments.serving.encoder:TorchEncoder",
     ("embedding", "onnxruntime"): "experiments.serving.encoder:OrtEncoder",
     ("embedding", "openvino"): "experiments.serving.openvino_encoder:OpenVinoEncoder",
