@@ -87,24 +87,32 @@ def ir_weight_bits(model) -> float:
     return stored / max(1, weights)
 
 
-class OpenVinoEncoder(EncoderEngine):
-    name = "openvino"
+class CompiledIR:
+    """An IR read and compiled for the CPU, and the time that took (what a rebuild from cache costs)."""
 
-    def __init__(self, cand: Candidate, threads: int, artefact_root: Path):
+    def __init__(self, path: Path, threads: int):
         import openvino as ov
 
-        self.recipe = cand.recipe
-        started = time.perf_counter()
-        self.path, self.reused = export_ir(cand, artefact_root)
-        self.build_seconds = time.perf_counter() - started
         loading = time.perf_counter()
         core = ov.Core()
-        self.model = core.read_model(str(self.path))
+        self.model = core.read_model(str(path))
         # without the f32 hint the CPU plugin runs bf16 where the chip has it, and parity with torch is lost
         self.compiled = core.compile_model(self.model, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
                                                                     "INFERENCE_NUM_THREADS": threads})
         self.request = self.compiled.create_infer_request()
         self.load_seconds = time.perf_counter() - loading
+
+
+class OpenVinoEncoder(EncoderEngine):
+    name = "openvino"
+
+    def __init__(self, cand: Candidate, threads: int, artefact_root: Path):
+        self.recipe = cand.recipe
+        started = time.perf_counter()
+        self.path, self.reused = export_ir(cand, artefact_root)
+        self.build_seconds = time.perf_counter() - started
+        self.ir = CompiledIR(self.path, threads)   # kept: the request needs its compiled model alive
+        self.model, self.request, self.load_seconds = self.ir.model, self.ir.request, self.ir.load_seconds
 
     def rebuild_seconds(self) -> float:
         return self.load_seconds

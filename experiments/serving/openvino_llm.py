@@ -19,7 +19,7 @@ import torch
 from experiments.accuracy import OnnxSessionLM
 from experiments.artefacts import cached, weights_digest
 from experiments.serving.engine import Engine
-from experiments.serving.openvino_encoder import compression_args, ir_weight_bits
+from experiments.serving.openvino_encoder import CompiledIR, compression_args, ir_weight_bits
 from optimizers.base import Candidate
 
 
@@ -112,21 +112,14 @@ class OpenVinoCausalLM(Engine):
     name = "openvino"
 
     def __init__(self, cand: Candidate, threads: int, artefact_root: Path):
-        import openvino as ov
         from transformers import AutoConfig, AutoTokenizer
 
         self.recipe = cand.recipe
         started = time.perf_counter()
         self.path, self.reused = export_ir(cand, artefact_root)
         self.build_seconds = time.perf_counter() - started
-        loading = time.perf_counter()
-        core = ov.Core()
-        self.model = core.read_model(str(self.path))
-        # without the f32 hint the CPU plugin runs bf16 where the chip has it, and parity with torch is lost
-        self.compiled = core.compile_model(self.model, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
-                                                                    "INFERENCE_NUM_THREADS": threads})
-        self.request = self.compiled.create_infer_request()
-        self.load_seconds = time.perf_counter() - loading
+        self.ir = CompiledIR(self.path, threads)   # kept: the request needs its compiled model alive
+        self.model, self.request, self.load_seconds = self.ir.model, self.ir.request, self.ir.load_seconds
         self.tokenizer = AutoTokenizer.from_pretrained(cand.target.model_dir)
         config = AutoConfig.from_pretrained(cand.target.model_dir)
         self.max_length = config.max_position_embeddings
