@@ -69,8 +69,8 @@ bench-gpu: setup
 	$(BIN)/python -m experiments.benchmarks.gpu_rungs
 
 # Does the gate decide right? A/A, an injected 10 % slowdown and an injected accuracy drop, judged by the
-# gate from conf/ (the demo profile's 8 x 0.5 s rounds: ~11 min on 2 cores; ARGS="--rounds 12 --seconds 1"
-# for conf/gate's default: ~21 min; ARGS="--quick" for a ~2-minute smoke run, or ARGS="--n 40").
+# gate from conf/ (the demo profile's 8 x 0.5 s rounds: ~11 min on 2 cores; ARGS="--rounds 20 --seconds 1"
+# for conf/gate's default: ~29 min; ARGS="--quick" for a ~2-minute smoke run, or ARGS="--n 40").
 bench-gate: setup
 	$(BIN)/python -m experiments.benchmarks.gate_quality $(ARGS)
 

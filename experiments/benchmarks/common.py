@@ -9,6 +9,7 @@ from optimizers.base import Candidate
 from optimizers.baseline import EagerBaseline
 from optimizers.half_precision import HalfPrecision
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
+from optimizers.openvino_engine import OpenVinoSwap
 from optimizers.quantization import WeightQuantization
 from optimizers.torch_compile import TorchCompile
 
@@ -32,10 +33,12 @@ def default_setup(console, overrides=()):
     workload = Workload.from_texts(texts, tok, wl.input_tokens, wl.output_tokens, wl.prompts, 16, cfg.seed,
                                    wl.get("shared_prefix_tokens", 0))
     base = EagerBaseline().apply(Candidate(target))
-    ort = OnnxRuntimeSwap().apply(base)
+    ort, openvino = OnnxRuntimeSwap().apply(base), OpenVinoSwap().apply(base)
     cands = {"baseline": base, "torch.compile (inductor)": TorchCompile().apply(base),
              "bf16 (torch)": HalfPrecision().apply(base), "int8 (torch)": WeightQuantization("int8").apply(base),
              "onnxruntime": ort, "fp16 (onnxruntime)": HalfPrecision(cpu_dtype="fp16").apply(ort),
              "int8 (onnxruntime)": WeightQuantization("int8").apply(ort),
-             "int4 (onnxruntime)": WeightQuantization("int4").apply(ort)}
+             "int4 (onnxruntime)": WeightQuantization("int4").apply(ort), "openvino": openvino,
+             "int8 (openvino, NNCF)": WeightQuantization("int8").apply(openvino),
+             "int4 (openvino, NNCF)": WeightQuantization("int4").apply(openvino)}
     return cands, workload, int(cfg.threads), Path(cfg.cache_dir) / "artefacts"
