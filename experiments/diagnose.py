@@ -108,7 +108,7 @@ def _bottleneck(resources: "ResourceLayer", shares, roofline, fw) -> tuple[str, 
         where = f"engine compute is {top.model:.0%} of mean E2E{split}" if top else "no queue/model split"
         if roofline is None:
             return "model", where + also
-        decode = roofline.decode or roofline.prefill   # an encoder's every step is a forward over its input
+        decode = roofline.decode
         if decode.bound == "compute":
             kind = "compute_bound"
         elif decode.fits_in_cache:
@@ -319,18 +319,23 @@ def place_on_roofline(cand, workload, hardware):
     from experiments import roofline
 
     recipe, decodes = cand.recipe, cand.target.decodes
+    if not decodes:
+        # ModelShape counts a Llama decoder (gated MLP, LM head, causal attention): an encoder's bounds would be
+        # about 2.4x off for MiniLM, so none is placed rather than a wrong one
+        return None
     shape = roofline.ModelShape.from_config(AutoConfig.from_pretrained(cand.target.model_dir))
-    prompt = max(workload.input_tokens) if decodes else int(workload.max_tokens)
     return roofline.Roofline.analyse(
         shape, hardware, *roofline.weight_and_kv_bytes(recipe.precision, recipe.quantization),
-        prefill_tokens=prompt, decode_batch=max(1, recipe.max_batch) if decodes else 0,
-        context=prompt + max(workload.output_tokens) if decodes else 0)
+        prefill_tokens=max(workload.input_tokens), decode_batch=max(1, recipe.max_batch),
+        context=max(workload.input_tokens) + max(workload.output_tokens))
 
 
 def log_to_run(client, run_id: str, diagnosis: Diagnosis) -> None:
     """Tags, shares and diagnosis/diagnosis.md on a (finished) rung run."""
+    from experiments.secrets import scrub_text
+
     for key, value in diagnosis.tags().items():
-        client.set_tag(run_id, key, value)
+        client.set_tag(run_id, key, scrub_text(value))
     for key, value in diagnosis.to_metrics().items():
         client.log_metric(run_id, key, value)
-    client.log_text(run_id, diagnosis.to_markdown(), "diagnosis/diagnosis.md")
+    client.log_text(run_id, scrub_text(diagnosis.to_markdown()), "diagnosis/diagnosis.md")

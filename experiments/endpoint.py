@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import mlflow
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import tracking
@@ -29,6 +28,7 @@ def candidate(cfg: DictConfig, rung_names: list[str], progress) -> Candidate:
                           f"use some of: {', '.join(rungs)} (or pick another ladder=...)")
     (base_name, base), *_ = rungs.items()
     target, _, _ = resolve(cfg.target, Path(cfg.cache_dir), Path(cfg.data_dir), progress)
+    _completions_only(target)
     cand, env = base.apply(Candidate(target)), Env.detect()
     for name in rung_names:
         if name == base_name:
@@ -78,6 +78,12 @@ class EndpointBench:
     run_id: str
 
 
+def _completions_only(target) -> None:
+    if not target.decodes:
+        raise ConfigError(f"target {target.name!r} is an encoder ({target.kind}); the HTTP transport speaks "
+                          "/v1/completions only", "benchmark an encoder in process: roi-ladder sweep target=...")
+
+
 def bench_endpoint(cfg: DictConfig, url: str, model: str | None, prompt_format: str, console) -> EndpointBench:
     from transformers import AutoTokenizer
 
@@ -90,6 +96,7 @@ def bench_endpoint(cfg: DictConfig, url: str, model: str | None, prompt_format: 
     experiment_id = tracking.connect(cfg.tracking)
     with console.stage("target: loading the workload"):
         target, texts, _ = resolve(cfg.target, Path(cfg.cache_dir), Path(cfg.data_dir), console.note)
+        _completions_only(target)
         tokenizer = AutoTokenizer.from_pretrained(target.model_dir)
         wl = cfg.target.workload
         workload = Workload.from_texts(texts, tokenizer, wl.input_tokens, wl.output_tokens, int(wl.prompts),
@@ -110,6 +117,6 @@ def bench_endpoint(cfg: DictConfig, url: str, model: str | None, prompt_format: 
                                               "endpoint": server.url, "model": server.model}))
         tracking.log_series({(f"client_{k}" if k in CLIENT_SIDE_METRICS else k): v
                              for k, v in report.metric_series().items()})
-        mlflow.log_text(report.samples_csv(), "benchmark/samples.csv")
-        mlflow.set_tags({f"validity.{k}": str(v) for k, v in report.validity().items()})
+        tracking.log_text(report.samples_csv(), "benchmark/samples.csv")
+        tracking.set_tags({f"validity.{k}": str(v) for k, v in report.validity().items()})
     return EndpointBench(report, server.model, run.info.run_id)

@@ -63,6 +63,9 @@ class Embedding:
         if not 0 < float(sc.min_cosine_min) <= float(sc.min_cosine_mean) <= 1:
             raise ConfigError(f"target.scoring cosine bounds must satisfy 0 < min_cosine_min <= min_cosine_mean "
                               f"<= 1, got {sc.min_cosine_min}, {sc.min_cosine_mean}", "e.g. 0.95 and 0.99")
+        if max(int(k) for k in sc.recall_at) > int(sc.queries):
+            raise ConfigError(f"target.scoring.recall_at {list(sc.recall_at)} asks for more passages than the "
+                              f"{sc.queries} queries have", "keep every k <= target.scoring.queries")
         self.tokenizer = _tokenizer(target.model_dir)
         self.retrieval = RetrievalSet.from_stdlib(int(sc.queries), int(cfg.seed))
         self.reference = None   # the fp32 baseline's embeddings of the same texts, once measured

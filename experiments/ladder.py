@@ -16,13 +16,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from experiments import interleaved, kinds, soak, tracking
-from experiments.accuracy import AccuracyReport
+from experiments.accuracy import AccuracyReport, mlflow_name
 from experiments.benchmark import LATENCY_METRICS, BenchmarkReport, Workload, check_load, run_benchmark, serve
 from experiments.capacity import check_config as check_capacity_config, plan
 from experiments.errors import ConfigError
 from experiments.fidelity import FidelityReport
 from experiments.gate import Criterion, Gate, Verdict, check_config as check_gate_config
 from experiments.serving import build_engine
+from experiments.secrets import scrub_text
 from experiments.slo import applicable, parse_all
 from experiments.targets import check_source, resolve
 from optimizers.base import Candidate, Env, Optimizer
@@ -150,6 +151,9 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     include_path = Path(cfg.accuracy.include_path) if cfg.accuracy.include_path else shipped_tasks
     kind = kinds.for_target(cfg, target, texts, include_path)
     workload = kind.workload()
+    if cfg.gate.objective.metric not in workload.metrics:
+        raise ConfigError(f"gate.objective.metric {cfg.gate.objective.metric!r} is not measured for a {target.kind} "
+                          f"target", f"use one of {workload.metrics}")
     _, not_applicable = applicable(parse_all(cfg.benchmark.slos), workload.metrics)
     if not_applicable:
         ui.note(f"SLOs that do not apply to a {target.kind} target, left out: "
@@ -166,20 +170,20 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         tracking.log_config(cfg)
         tracking.write_json(tracking.environment(), "env.json")
         if not_applicable:
-            mlflow.set_tag("roi.slos.not_applicable", ", ".join(s.text for s in not_applicable))
+            tracking.set_tag("roi.slos.not_applicable", ", ".join(s.text for s in not_applicable))
         for name, opt in rungs:
             outcome = _climb(name, opt, champion, sweep)
             outcomes.append(outcome)
             if outcome.verdict.accepted:
                 champion = outcome
             ui.rung_done(outcome, top)
-        mlflow.set_tags({"roi.champion_run": champion.run_id if champion else "",
+        tracking.set_tags({"roi.champion_run": champion.run_id if champion else "",
                          "roi.champion_rung": champion.name if champion else ""})
         if champion and champion.capacity:
             mlflow.log_metrics(champion.capacity.to_metrics())
-            mlflow.log_text(champion.capacity.to_markdown(), "capacity/plan.md")
+            tracking.log_text(champion.capacity.to_markdown(), "capacity/plan.md")
         _diagnose(outcomes, champion, sweep)
-        mlflow.log_text(_markdown_table(outcomes, top), "summary.md")
+        tracking.log_text(_markdown_table(outcomes, top), "summary.md")
         _log_plots(outcomes, champion, cfg)
     return SweepResult(parent.info.run_id, experiment_id, outcomes, champion)
 
@@ -201,11 +205,11 @@ def _climb(name, opt, champion, sweep: Sweep) -> RungOutcome:
                 outcome.verdict = Verdict("skipped", f"not applicable here: {reason}")
             else:
                 if opt.decision:
-                    mlflow.set_tag("roi.decision", opt.decision[:5000])
+                    tracking.set_tag("roi.decision", opt.decision[:5000])
                 with sweep.ui.stage(f"{name}: applying the rung ({opt.cost} cost)"):
                     outcome.candidate = cand = opt.apply(current)
                 if cand.target.model_dir != current.target.model_dir:   # the rung made a new model
-                    mlflow.set_tag("roi.model_dir", str(cand.target.model_dir))
+                    tracking.set_tag("roi.model_dir", str(cand.target.model_dir))
                 mlflow.log_params(tracking.flatten({"recipe": cand.describe()}))
                 with _measure(cand, sweep, name) as (engine, outcome.bench, outcome.accuracy, outcome.fidelity):
                     _log_measurements(outcome)
@@ -221,7 +225,7 @@ def _climb(name, opt, champion, sweep: Sweep) -> RungOutcome:
                         if opt.fidelity_gated:
                             criteria.append(fidelity)
                         else:
-                            mlflow.set_tag("roi.fidelity", f"recorded, not gated for this rung: {fidelity.detail}")
+                            tracking.set_tag("roi.fidelity", f"recorded, not gated for this rung: {fidelity.detail}")
                         criteria += _soak(engine, outcome.bench, criteria, sweep, name)
                         outcome.verdict = Verdict.from_criteria(criteria)
                         _log_criteria(outcome.verdict.criteria)
@@ -232,7 +236,7 @@ def _climb(name, opt, champion, sweep: Sweep) -> RungOutcome:
             outcome.verdict = Verdict("failed", f"{type(exc).__name__}: {str(exc)[:400]}")
         tracking.set_tags({"roi.verdict": outcome.verdict.status, "roi.reason": outcome.verdict.reason[:5000]})
         if outcome.verdict.status != "accepted":
-            mlflow.set_tag("roi.reverted_to", champion.run_id if champion else "")
+            tracking.set_tag("roi.reverted_to", champion.run_id if champion else "")
     return outcome
 
 
@@ -249,7 +253,7 @@ def _measure(cand, sweep: Sweep, name: str):
         mlflow.log_metric("weight_bits", engine.weight_bits())
         if hasattr(engine, "build_seconds"):
             mlflow.log_metric("build_seconds", engine.build_seconds)
-            mlflow.set_tag("roi.artefact_reused", str(engine.reused))
+            tracking.set_tag("roi.artefact_reused", str(engine.reused))
         with ui.stage(f"{name}: load ladder") as st:
             bench = run_benchmark(engine, sweep.workload, cfg.benchmark, cfg.gate.confidence,
                                   on_level=lambda c: st.update(f"{name}: load at concurrency {c}"))
@@ -259,7 +263,7 @@ def _measure(cand, sweep: Sweep, name: str):
             # Same weights, same runtime, same kernels (only the scheduler differs): lm-eval and the
             # fidelity windows would compute exactly the same numbers again.
             acc, fidelity, measured_by = sweep.scores[key]
-            mlflow.set_tag("roi.scores_reused_from", measured_by)
+            tracking.set_tag("roi.scores_reused_from", measured_by)
             ui.note(f"{name}: accuracy and fidelity as measured on {measured_by} (same model numerics)")
         else:
             acc, fidelity = sweep.kind.score(engine, ui.stage, name)
@@ -297,11 +301,11 @@ def _performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate,
         finally:
             if "champion" in slow:
                 rival.close()
-    mlflow.set_tag("roi.gate.interleaved", "fresh build per run: " + ", ".join(
+    tracking.set_tag("roi.gate.interleaved", "fresh build per run: " + ", ".join(
         f"{n} {'no (built once: its build took longer than rebuild_max_s)' if n in slow else 'yes'}"
         for n in builders))
     obj = cfg.gate.objective
-    mlflow.log_text(rounds.to_csv(obj.metric, obj.stat), "gate/interleaved_rounds.csv")
+    tracking.log_text(rounds.to_csv(obj.metric, obj.stat), "gate/interleaved_rounds.csv")
     for r, ratio in enumerate(rounds.ratios("challenger", "champion", obj.metric, obj.stat)):
         if np.isfinite(ratio):
             mlflow.log_metric("gate/round_ratio", float(ratio), step=r)
@@ -309,16 +313,16 @@ def _performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate,
 
 
 def _accuracy_criteria(gate: Gate, champion: list[AccuracyReport], challenger: list[AccuracyReport]) -> list[Criterion]:
-    """One criterion per gated metric; with several (recall@1 and @5), each named after its metric so none
-    overwrites another's tag and numbers."""
+    """One criterion per gated score; with several, each named after what tells it apart (the metric within
+    one task, as recall@1 and @5; else the task) so none overwrites another's tag and numbers."""
+    from dataclasses import replace
+
     criteria = [gate.accuracy(c, n) for c, n in zip(champion, challenger)]
     if len(criteria) < 2:
         return criteria
-    from dataclasses import replace
-
-    from experiments.accuracy import mlflow_name
-
-    return [replace(c, name=mlflow_name(f"accuracy_{n.metric}").replace(".", "_")) for c, n in zip(criteria, challenger)]
+    one_task = len({n.task for n in challenger}) < len(challenger)
+    return [replace(c, name=mlflow_name(f"accuracy_{n.metric if one_task else n.task}").replace(".", "_"))
+            for c, n in zip(criteria, challenger)]
 
 
 def _soak(engine, bench: BenchmarkReport, criteria: list[Criterion], sweep: Sweep, name: str) -> list[Criterion]:
@@ -327,7 +331,7 @@ def _soak(engine, bench: BenchmarkReport, criteria: list[Criterion], sweep: Swee
     failed = [c.name for c in criteria if not c.passed]
     if failed or not cfg.soak.enabled:
         why = f"{', '.join(failed)} failed first" if failed else "soak.enabled=false"
-        mlflow.set_tag("roi.soak", f"skipped: {why}")
+        tracking.set_tag("roi.soak", f"skipped: {why}")
         return []
     obj = cfg.gate.objective
     fallback = int(max(cfg.benchmark.concurrency)) if obj.concurrency == "max" else int(obj.concurrency)
@@ -342,7 +346,7 @@ def _soak(engine, bench: BenchmarkReport, criteria: list[Criterion], sweep: Swee
             server.close()
     report.to_mlflow()
     crit = report.criterion()
-    mlflow.set_tag("roi.soak", f"ran at c={clients} ({why}): {'clean' if crit.passed else 'NOT clean'}")
+    tracking.set_tag("roi.soak", f"ran at c={clients} ({why}): {'clean' if crit.passed else 'NOT clean'}")
     return [crit]
 
 
@@ -361,13 +365,15 @@ def _log_measurements(outcome: RungOutcome) -> None:
     tracking.log_series(outcome.bench.metric_series())
     mlflow.log_figure(report.latency_percentiles(outcome.bench), "benchmark/latency_percentiles.png")
     mlflow.log_figure(report.throughput_vs_latency(outcome.bench), "benchmark/throughput_vs_latency.png")
-    mlflow.log_text(outcome.bench.samples_csv(), "benchmark/samples.csv")
-    mlflow.set_tags({f"validity.{k}": str(v) for k, v in outcome.bench.validity().items()})
+    tracking.log_text(outcome.bench.samples_csv(), "benchmark/samples.csv")
+    tracking.set_tags({f"validity.{k}": str(v) for k, v in outcome.bench.validity().items()})
     if outcome.fidelity is not None:
         mlflow.log_metrics(outcome.fidelity.to_metrics())
+    shared = len({a.task for a in outcome.accuracy}) < len(outcome.accuracy)   # recall@1 and @5 of one task
     for acc in outcome.accuracy:
         mlflow.log_metrics(acc.to_metrics())
-        tracking.write_json(acc.results, f"accuracy/{acc.task}/results.json")
+        folder = f"accuracy/{acc.task}/{mlflow_name(acc.metric)}" if shared else f"accuracy/{acc.task}"
+        tracking.write_json(acc.results, f"{folder}/results.json")
 
 
 def _capacity_plan(bench, cfg_capacity):
@@ -375,11 +381,11 @@ def _capacity_plan(bench, cfg_capacity):
     try:
         result = plan(bench, cfg_capacity)
     except ValueError as exc:  # no level met the tier: say so instead of inventing a number
-        mlflow.set_tag("roi.capacity", f"no plan: {exc}")
+        tracking.set_tag("roi.capacity", f"no plan: {exc}")
         return None
     mlflow.log_metrics(result.to_metrics())
-    mlflow.log_text(result.to_markdown(), "capacity/plan.md")
-    mlflow.set_tag("roi.capacity", f"{result.replicas} replicas for {cfg_capacity.peak_qps} QPS "
+    tracking.log_text(result.to_markdown(), "capacity/plan.md")
+    tracking.set_tag("roi.capacity", f"{result.replicas} replicas for {cfg_capacity.peak_qps} QPS "
                                    f"({result.tier}), {result.cost_per_hour:.2f}/h")
     return result
 
@@ -415,15 +421,19 @@ def _diagnose(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: 
             diagnose.log_to_run(client, o.run_id, found[o.name])
         except Exception as exc:  # noqa: BLE001  (a diagnosis that breaks is recorded, the sweep goes on)
             log.exception("diagnosing %s failed", o.name)
-            client.set_tag(o.run_id, "roi.diagnosis", f"failed: {type(exc).__name__}: {str(exc)[:400]}")
+            client.set_tag(o.run_id, "roi.diagnosis", scrub_text(f"failed: {type(exc).__name__}: {str(exc)[:400]}"))
     if champion is None or champion.name not in found:
         return
-    _diagnose_model_layer(diagnose.place_on_roofline(champion.candidate, cfg.target.workload, hardware))
+    placed = diagnose.place_on_roofline(champion.candidate, cfg.target.workload, hardware)
+    if placed is None:
+        tracking.set_tag("roi.diagnosis.model_layer", "not placed: the roofline model counts a decoder's layers")
+    else:
+        _diagnose_model_layer(placed)
     profile = _profile_champion(champion, sweep)
     result = replace(found[champion.name], profile=profile)
-    mlflow.set_tags(result.tags())
+    tracking.set_tags(result.tags())
     mlflow.log_metrics(result.to_metrics())
-    mlflow.log_text(result.to_markdown(), "diagnosis/diagnosis.md")
+    tracking.log_text(result.to_markdown(), "diagnosis/diagnosis.md")
     sweep.ui.note(f"diagnosis of {champion.name}: {result.tag}\n  recommended next rung: {result.next_rung}")
 
 
@@ -434,7 +444,7 @@ def _profile_champion(champion: RungOutcome, sweep: Sweep):
 
     cfg, rules = sweep.cfg, sweep.cfg.diagnosis
     if not champion.candidate.target.decodes:
-        mlflow.set_tag("roi.diagnosis.framework_profile", "not applicable: the profile is of a decode step, and "
+        tracking.set_tag("roi.diagnosis.framework_profile", "not applicable: the profile is of a decode step, and "
                                                           "an encoder has none")
         return None
     try:
@@ -445,12 +455,12 @@ def _profile_champion(champion: RungOutcome, sweep: Sweep):
                 profile = profiling.profile_decode(engine, ids, int(rules.profile.decode_steps))
             finally:
                 engine.close()
-        mlflow.log_text(profile.to_markdown(int(rules.profile.top_ops)), "diagnosis/framework_profile.md")
+        tracking.log_text(profile.to_markdown(int(rules.profile.top_ops)), "diagnosis/framework_profile.md")
         mlflow.log_metrics(profile.to_metrics())
         return profile
     except Exception as exc:  # noqa: BLE001  (the diagnosis says what it could not do)
         log.exception("profiling the champion failed")
-        mlflow.set_tag("roi.diagnosis.framework_profile", f"failed: {type(exc).__name__}: {str(exc)[:400]}")
+        tracking.set_tag("roi.diagnosis.framework_profile", f"failed: {type(exc).__name__}: {str(exc)[:400]}")
         return None
 
 
@@ -460,14 +470,14 @@ def _diagnose_model_layer(report) -> None:
 
     mlflow.log_metrics(report.to_metrics())
     mlflow.log_figure(roofline.plot(report), "diagnosis/roofline.png")
-    mlflow.log_text(report.to_markdown(), "diagnosis/roofline.md")
-    mlflow.set_tag("roi.diagnosis.model_layer", report.summary()[:5000])
+    tracking.log_text(report.to_markdown(), "diagnosis/roofline.md")
+    tracking.set_tag("roi.diagnosis.model_layer", report.summary()[:5000])
 
 
 def _log_criteria(criteria: tuple[Criterion, ...]) -> None:
     for c in criteria:
         mlflow.log_metrics({f"gate/{c.name}/{k}": v for k, v in c.numbers.items()})
-        mlflow.set_tag(f"roi.gate.{c.name}", f"{'pass' if c.passed else 'FAIL'}: {c.detail}"[:5000])
+        tracking.set_tag(f"roi.gate.{c.name}", f"{'pass' if c.passed else 'FAIL'}: {c.detail}"[:5000])
 
 
 def _markdown_table(outcomes: list[RungOutcome], top: int) -> str:

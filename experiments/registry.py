@@ -64,6 +64,11 @@ def promote(tracking_cfg, run_id: str | None = None, model_name: str | None = No
                           f"not accepted: {run.data.tags.get('roi.reason', '')[:200]}",
                           "promote a run whose roi.verdict is accepted (e.g. the sweep's roi.champion_run)")
     sweep = client.get_run(run.data.tags["mlflow.parentRunId"])
+    kind = sweep.data.params.get("target.kind", "causal-lm")
+    if kind != "causal-lm":
+        raise ConfigError(f"run {run.info.run_id} is of a {kind} target; promotion packages causal LMs only "
+                          f"(a text-generation pyfunc)", "promote a causal-LM sweep's run; packaging an encoder "
+                          "(an embedding pyfunc) is not built yet")
     name = model_name or _default_name(sweep)
     model_uri = _log_package(run, sweep)
     with registry_lock(str(tracking_cfg.uri)):

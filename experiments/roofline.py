@@ -215,22 +215,21 @@ class Roofline:
     bytes_per_weight: float
     bytes_per_kv: float
     prefill: PhasePoint
-    decode: PhasePoint | None     # None for an encoder: one forward pass over the input, no decode steps
+    decode: PhasePoint
 
     @classmethod
     def analyse(cls, shape: ModelShape, hardware: Hardware, bytes_per_weight: float, bytes_per_kv: float,
                 prefill_tokens: int, decode_batch: int, context: int) -> "Roofline":
         """Prefill: one prompt of `prefill_tokens`. Decode: one step of `decode_batch` sequences, each with
-        `context` tokens already cached; decode_batch 0: no decode phase (an encoder)."""
+        `context` tokens already cached."""
         prefill = phase_cost(shape, "prefill", prefill_tokens, 0, 1, bytes_per_weight, bytes_per_kv)
-        decode = phase_cost(shape, "decode", 1, context, decode_batch, bytes_per_weight, bytes_per_kv) \
-            if decode_batch else None
-        return cls(shape, hardware, bytes_per_weight, bytes_per_kv, PhasePoint(prefill, hardware, 1, 0),
-                   PhasePoint(decode, hardware, decode_batch, context) if decode else None)
+        decode = phase_cost(shape, "decode", 1, context, decode_batch, bytes_per_weight, bytes_per_kv)
+        return cls(shape, hardware, bytes_per_weight, bytes_per_kv,
+                   PhasePoint(prefill, hardware, 1, 0), PhasePoint(decode, hardware, decode_batch, context))
 
     @property
-    def phases(self) -> tuple[PhasePoint, ...]:
-        return (self.prefill, self.decode) if self.decode else (self.prefill,)
+    def phases(self) -> tuple[PhasePoint, PhasePoint]:
+        return self.prefill, self.decode
 
     def to_metrics(self) -> dict[str, float]:
         out = {"roofline/peak_flops": self.hardware.peak_flops,
@@ -248,7 +247,7 @@ class Roofline:
                          f"{_num(self.hardware.ridge)})" for p in self.phases) + f" on {self.hardware.name}"
 
     def recommendation(self) -> str:
-        return " ".join([*(_advice(p, self.hardware) for p in reversed(self.phases)),
+        return " ".join([_advice(self.decode, self.hardware), _advice(self.prefill, self.hardware),
                          "These are lower bounds on time: a measured TPOT or TTFT far above them means overhead "
                          "(the runtime layer: engine, kernels, scheduling) dominates, not the model's shape."])
 

@@ -14,7 +14,12 @@ SECRET_KEY = re.compile(r"(^|[._-])(hf_)?(token|auth_token|password|passwd|secre
                         r"private_?key|credentials?)$", re.IGNORECASE)
 SECRET_ENV = re.compile(r"(^|_)(TOKEN|PASSWORD|PASSWD|SECRET|API_?KEY|ACCESS_?KEY|SECRET_?KEY|PRIVATE_?KEY|"
                         r"CREDENTIALS?)$", re.IGNORECASE)
-URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*):(?P<password>[^@/\s]+)@", re.IGNORECASE)
+# greedy up to the last @ before the path: a password may hold an @ itself
+URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*):(?P<password>[^/\s]+)@", re.IGNORECASE)
+# key=value in query strings and libpq DSNs (?access_token=..., password=...), and bearer credentials
+KEY_VALUE = re.compile(r"(?P<key>\b(?:[a-z_]*token|password|passwd|secret|api_?key|access_?key|client_secret)=)"
+                       r"(?P<value>[^&\s'\"]+)", re.IGNORECASE)
+BEARER = re.compile(r"(?P<head>\b(?:Bearer|Basic|Token)\s+)[A-Za-z0-9._~+/=-]{8,}(?<!\.)", re.IGNORECASE)
 TOKEN_SHAPES = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}|"
                           r"xox[abprs]-[A-Za-z0-9-]{10,})\b")
 MIN_ENV_SECRET = 6   # shorter values ("1", "true") would mask ordinary text
@@ -27,6 +32,8 @@ def env_secrets() -> list[str]:
 
 def scrub_text(text: str) -> str:
     text = URL_PASSWORD.sub(rf"\g<head>:{MASK}@", str(text))
+    text = KEY_VALUE.sub(rf"\g<key>{MASK}", text)
+    text = BEARER.sub(rf"\g<head>{MASK}", text)
     text = TOKEN_SHAPES.sub(MASK, text)
     for value in env_secrets():
         text = text.replace(value, MASK)

@@ -71,6 +71,10 @@ def run(name: str, experiment_id: str, nested: bool = False, tags: dict | None =
         yield r
 
 
+def set_tag(key: str, value) -> None:
+    mlflow.set_tag(key, scrub_text(value))
+
+
 def set_tags(tags: dict) -> None:
     mlflow.set_tags({k: scrub_text(v) for k, v in tags.items()})
 

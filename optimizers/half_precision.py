@@ -22,6 +22,8 @@ class HalfPrecision(Optimizer):
             return f"the champion already runs {recipe.precision}"
         if recipe.quantization != "none":
             return f"the champion's weights are {recipe.quantization}; half precision comes before quantization"
+        if recipe.engine == "onnxruntime" and not cand.target.decodes:
+            return "the ONNX Runtime encoder engine runs its fp32 export only; bf16 runs in the torch engine"
         if recipe.engine == "openvino":
             return ("the OpenVINO engines here compute in f32 (its precision hint, for parity with torch); their "
                     "weights shrink at the quantization rungs (NNCF)")

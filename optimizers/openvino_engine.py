@@ -21,6 +21,11 @@ class OpenVinoSwap(Optimizer):
             return "openvino is not installed: pip install -e . (openvino==2026.4.1 and nncf==3.4.0)"
         if recipe.engine == "openvino":
             return "the champion already runs in OpenVINO"
+        if recipe.precision != "fp32" or recipe.quantization not in ("none", "int8", "int4"):
+            return (f"the OpenVINO engines here run fp32 activations with none/int8/int4 weights; the champion runs "
+                    f"{recipe.precision}/{recipe.quantization}")
+        if cand.target.decodes and recipe.batching in ("static", "dynamic"):
+            return "static and dynamic batching of a causal LM drive onnxruntime-genai's Engine; OpenVINO has none here"
         if recipe.batching == "continuous" or recipe.compile != "none" or recipe.cuda_graph:
             return ("the champion batches continuously or is compiled (a torch-only path); "
                     "OpenVINO serves one request or a padded batch per forward pass")

@@ -41,6 +41,8 @@ class WeightQuantization(Optimizer):
                 return f"FP8 needs compute capability >= 8.9; this GPU has {env.cuda_capability}"
         if self.scheme == "int4" and recipe.engine == "torch" and not on_cuda:
             return "torchao Int4WeightOnly has no CPU kernel here; INT4 on CPU runs in onnxruntime (MatMulNBits)"
+        if recipe.engine == "torch" and on_cuda and not cand.target.decodes:
+            return "the torch encoder quantizes on CPU only (dynamic int8); torchao's CUDA path is built for decoders"
         if recipe.engine == "torch" and recipe.compile == "tensorrt":
             return "the TensorRT champion quantizes inside TensorRT, not with these schemes"
         return None

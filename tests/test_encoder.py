@@ -143,3 +143,22 @@ def test_slos_on_latencies_an_encoder_lacks_are_left_out():
     assert [s.text for s in kept] == ["p99_e2e_ms<=500"]
     assert [s.text for s in left_out] == ["p95_ttft_ms<=100", "p50_tpot_ms<=5"]
     assert applicable(slos, LATENCY_METRICS) == (slos, [])
+
+
+def test_paths_built_for_decoders_refuse_an_encoder_with_the_reason(target, tmp_path):
+    from experiments.endpoint import _completions_only
+    from optimizers.half_precision import HalfPrecision
+    from optimizers.openvino_engine import OpenVinoSwap
+
+    with pytest.raises(ConfigError, match="/v1/completions only"):
+        _completions_only(target)
+    ort = Candidate(target, Recipe(engine="onnxruntime"))
+    assert "fp32 export only" in HalfPrecision(cpu_dtype="fp16").check(CPU, ort)
+    causal = Candidate(Target("t", "causal-lm", Path("/x")), Recipe(engine="onnxruntime", batching="dynamic"))
+    assert "onnxruntime-genai's Engine" in OpenVinoSwap().check(CPU, causal)
+    from experiments import kinds
+
+    cfg = compose(["target=minilm", "target.scoring.queries=4", "target.scoring.recall_at=[1,5]",
+                   f"data_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="k <= target.scoring.queries"):
+        kinds.for_target(cfg, target, ["a", "b"], None)

@@ -10,6 +10,11 @@ def test_url_passwords_and_token_shapes_are_masked():
     assert scrub_text(f"Authorization: Bearer {token}.") == f"Authorization: Bearer {MASK}."
     for shaped in ("ghp_" + "x" * 36, "sk-" + "Ab9_" * 6, "AKIA" + "ABCDEFGHIJKLMNOP"):
         assert shaped not in scrub_text(f"value {shaped} end")
+    assert scrub_text("postgresql://u:p@ss@h/db") == f"postgresql://u:{MASK}@h/db"
+    assert scrub_text("https://h/x?access_token=abcdef123456&n=1") == f"https://h/x?access_token={MASK}&n=1"
+    assert scrub_text("host=db password=s3cretpw user=roi") == f"host=db password={MASK} user=roi"
+    assert scrub_text("Authorization: Bearer eyJhbGciOi.J9.x") == f"Authorization: Bearer {MASK}"
+    assert scrub_text("max_tokens=128 input_tokens=16") == "max_tokens=128 input_tokens=16"
     plain = "e2e_ms mean @c=8, ratio 0.795 [0.725, 0.906]; model /tmp/tiny-llm-b4b2f5d"
     assert scrub_text(plain) == plain
 

@@ -55,6 +55,6 @@ def test_encoder_metrics_and_gate(sweep):
     assert "minilm_retrieval recall@1" in int8.tags["roi.gate.accuracy_recall_1"]
     assert "minilm_retrieval recall@5" in int8.tags["roi.gate.accuracy_recall_5"]
     batched = by_rung["dynamic_batching"].data.metrics
-    assert batched["batch_size_mean"] >= 1
+    assert batched["batch_size_mean"] > 1        # at c=2 the two clients' requests share batches
     files = [f.path for f in client.list_artifacts(by_rung["baseline"].info.run_id, "benchmark")]
     assert "benchmark/samples.csv" in files

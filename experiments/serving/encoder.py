@@ -19,6 +19,8 @@ from experiments.serving.engine import Engine
 from optimizers.base import Candidate
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Part of every encoder export's cache key: bump it when MeanPooled or the export settings change.
+EXPORT_VERSION = 1
 
 
 class EncoderEngine(Engine):
@@ -136,8 +138,11 @@ def export_onnx(cand: Candidate, artefact_root: Path) -> tuple[Path, bool]:
     if recipe.quantization not in ("none", "int8", "int4") or recipe.precision != "fp32":
         raise ValueError(f"the onnxruntime encoder runs fp32 with none/int8/int4 weights, not "
                          f"{recipe.precision}/{recipe.quantization}")
+    import transformers
+
     recipe_key = {"weights": weights_digest(cand.target.model_dir), "quantization": recipe.quantization,
-                  "ort": onnxruntime.__version__, "torch": torch.__version__}
+                  "ort": onnxruntime.__version__, "torch": torch.__version__,
+                  "transformers": transformers.__version__, "export": EXPORT_VERSION}
     folder, reused = cached(artefact_root, f"ort-encoder-{recipe.quantization}", recipe_key,
                             lambda tmp: _export(cand, tmp))
     return folder / "model.onnx", reused

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.artefacts import cached, weights_digest
-from experiments.serving.encoder import EncoderEngine, export_onnx
+from experiments.serving.encoder import EXPORT_VERSION, EncoderEngine, export_onnx
 from optimizers.base import Candidate
 
 # ops between a compressed weight constant and its MatMul (NNCF's decompression subgraph)
@@ -39,8 +39,11 @@ def export_ir(cand: Candidate, artefact_root: Path) -> tuple[Path, bool]:
     if recipe.precision != "fp32" or recipe.quantization not in ("none", "int8", "int4"):
         raise ValueError(f"the openvino encoder runs fp32 activations with none/int8/int4 weights (NNCF), not "
                          f"{recipe.precision}/{recipe.quantization}")
+    import transformers
+
     recipe_key = {"weights": weights_digest(cand.target.model_dir), "quantization": recipe.quantization,
-                  "openvino": ov.__version__, "nncf": nncf.__version__, "torch": torch.__version__}
+                  "openvino": ov.__version__, "nncf": nncf.__version__, "torch": torch.__version__,
+                  "transformers": transformers.__version__, "export": EXPORT_VERSION}
     folder, reused = cached(artefact_root, f"openvino-encoder-{recipe.quantization}", recipe_key,
                             lambda tmp: _convert(cand, artefact_root, tmp))
     return folder / "model.xml", reused
