@@ -29,24 +29,29 @@ def compression_args(quantization: str) -> dict | None:
             "int4": {"mode": nncf.CompressWeightsMode.INT4_SYM, "group_size": 32, "ratio": 1.0}}[quantization]
 
 
-def export_ir(cand: Candidate, artefact_root: Path) -> tuple[Path, bool]:
-    """The encoder as OpenVINO IR, weights compressed as the recipe says, cached by content; (model.xml, reused)."""
+def cached_ir(cand: Candidate, artefact_root: Path, kind: str, convert, **key) -> tuple[Path, bool]:
+    """IR of `kind` (encoder | llm) for the recipe — fp32 activations, none/int8/int4 weights by NNCF — built
+    by `convert(folder)` unless a valid one is cached under the same content key; (model.xml, reused)."""
     import nncf
     import openvino as ov
     import torch
+    import transformers
 
     recipe = cand.recipe
     if recipe.precision != "fp32" or recipe.quantization not in ("none", "int8", "int4"):
-        raise ValueError(f"the openvino encoder runs fp32 activations with none/int8/int4 weights (NNCF), not "
+        raise ValueError(f"the openvino {kind} runs fp32 activations with none/int8/int4 weights (NNCF), not "
                          f"{recipe.precision}/{recipe.quantization}")
-    import transformers
-
     recipe_key = {"weights": weights_digest(cand.target.model_dir), "quantization": recipe.quantization,
                   "openvino": ov.__version__, "nncf": nncf.__version__, "torch": torch.__version__,
-                  "transformers": transformers.__version__, "export": EXPORT_VERSION}
-    folder, reused = cached(artefact_root, f"openvino-encoder-{recipe.quantization}", recipe_key,
-                            lambda tmp: _convert(cand, artefact_root, tmp))
+                  "transformers": transformers.__version__, **key}
+    folder, reused = cached(artefact_root, f"openvino-{kind}-{recipe.quantization}", recipe_key, convert)
     return folder / "model.xml", reused
+
+
+def export_ir(cand: Candidate, artefact_root: Path) -> tuple[Path, bool]:
+    """The encoder as OpenVINO IR, from its fp32 ONNX export; (model.xml, reused)."""
+    return cached_ir(cand, artefact_root, "encoder", lambda tmp: _convert(cand, artefact_root, tmp),
+                     export=EXPORT_VERSION)
 
 
 def _convert(cand: Candidate, artefact_root: Path, tmp: Path) -> None:

@@ -17,9 +17,8 @@ import numpy as np
 import torch
 
 from experiments.accuracy import OnnxSessionLM
-from experiments.artefacts import cached, weights_digest
 from experiments.serving.engine import Engine
-from experiments.serving.openvino_encoder import CompiledIR, compression_args, ir_weight_bits
+from experiments.serving.openvino_encoder import CompiledIR, cached_ir, compression_args, ir_weight_bits
 from optimizers.base import Candidate
 
 
@@ -29,21 +28,9 @@ def kv_names(num_layers: int, prefix: str) -> list[str]:
 
 
 def export_ir(cand: Candidate, artefact_root: Path) -> tuple[Path, bool]:
-    """The decode step as OpenVINO IR, weights compressed as the recipe says, cached by content; (model.xml, reused)."""
-    import nncf
-    import openvino as ov
-    import transformers
-
-    recipe = cand.recipe
-    if recipe.precision != "fp32" or recipe.quantization not in ("none", "int8", "int4"):
-        raise ValueError(f"the openvino causal LM runs fp32 activations with none/int8/int4 weights (NNCF), not "
-                         f"{recipe.precision}/{recipe.quantization}")
-    recipe_key = {"weights": weights_digest(cand.target.model_dir), "quantization": recipe.quantization,
-                  "openvino": ov.__version__, "nncf": nncf.__version__, "torch": torch.__version__,
-                  "transformers": transformers.__version__}
-    folder, reused = cached(artefact_root, f"openvino-llm-{recipe.quantization}", recipe_key,
-                            lambda tmp: _convert(Path(cand.target.model_dir), recipe.quantization, tmp))
-    return folder / "model.xml", reused
+    """The decode step as OpenVINO IR, traced from the torch model; (model.xml, reused)."""
+    return cached_ir(cand, artefact_root, "llm",
+                     lambda tmp: _convert(Path(cand.target.model_dir), cand.recipe.quantization, tmp))
 
 
 def _convert(model_dir: Path, quantization: str, tmp: Path) -> None:
