@@ -90,9 +90,14 @@ class Optimizer(ABC):
         """The current champion's RungOutcome (None before the baseline), just before `check`: rungs that
         decide from evidence (distillation: is the model layer the bottleneck?) keep what they need."""
 
+    def machine_check(self, env: Env) -> str | None:
+        """The reason this machine cannot run the rung whatever the champion (no CUDA device, a missing
+        package), or None. A rung in `ladder.required` failing it stops the sweep before any work."""
+        return None
+
     def check(self, env: Env, cand: Candidate) -> str | None:
         """The reason this rung does not apply to `cand` here, or None when it does."""
-        return None
+        return self.machine_check(env)
 
     @abstractmethod
     def apply(self, cand: Candidate) -> Candidate:

@@ -7,9 +7,12 @@ class CudaGraph(Optimizer):
     name = "cuda_graph"
     cost = "zero"
 
+    def machine_check(self, env: Env) -> str | None:
+        return None if env.cuda else "CUDA Graph replays GPU kernel launches: no CUDA device is present"
+
     def check(self, env: Env, cand: Candidate) -> str | None:
-        if not env.cuda:
-            return "CUDA Graph replays GPU kernel launches: no CUDA device is present"
+        if reason := self.machine_check(env):
+            return reason
         if not cand.target.decodes:
             return "graph capture here is of the decode step over a static KV cache; an encoder has neither"
         if cand.recipe.engine != "torch":

@@ -12,13 +12,18 @@ class OnnxRuntimeSwap(Optimizer):
             raise ValueError(f"execution_provider must be cpu or cuda, got {execution_provider!r}")
         self.execution_provider = execution_provider
 
+    def machine_check(self, env: Env) -> str | None:
+        if self.execution_provider == "cuda" and not env.cuda:
+            return "execution_provider=cuda but no CUDA device is present"
+        return None
+
     def check(self, env: Env, cand: Candidate) -> str | None:
         from experiments.serving import ENGINES
 
         if (cand.target.kind, "onnxruntime") not in ENGINES:
             return f"no ONNX Runtime engine for a {cand.target.kind} target"
-        if self.execution_provider == "cuda" and not env.cuda:
-            return "execution_provider=cuda but no CUDA device is present"
+        if reason := self.machine_check(env):
+            return reason
         if cand.recipe.engine == "onnxruntime":
             return "the champion already runs in ONNX Runtime"
         return None

@@ -10,6 +10,11 @@ class OpenVinoSwap(Optimizer):
     name = "openvino"
     cost = "zero"
 
+    def machine_check(self, env: Env) -> str | None:
+        if find_spec("openvino") is None:
+            return "openvino is not installed: pip install -e . (openvino==2026.4.1 and nncf==3.4.0)"
+        return None
+
     def check(self, env: Env, cand: Candidate) -> str | None:
         from experiments.serving import ENGINES
 
@@ -17,8 +22,8 @@ class OpenVinoSwap(Optimizer):
         if (cand.target.kind, "openvino") not in ENGINES:
             kinds = ", ".join(sorted(kind for kind, engine in ENGINES if engine == "openvino"))
             return f"OpenVINO here runs {kinds} targets, not {cand.target.kind}"
-        if find_spec("openvino") is None:
-            return "openvino is not installed: pip install -e . (openvino==2026.4.1 and nncf==3.4.0)"
+        if reason := self.machine_check(env):
+            return reason
         if recipe.engine == "openvino":
             return "the champion already runs in OpenVINO"
         if recipe.precision != "fp32" or recipe.quantization not in ("none", "int8", "int4"):

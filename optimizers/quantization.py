@@ -21,10 +21,19 @@ class WeightQuantization(Optimizer):
         self.scheme = scheme
         self.name = scheme
 
+    def machine_check(self, env: Env) -> str | None:
+        if self.scheme != "fp8":
+            return None
+        if not env.cuda:
+            return "FP8 needs a CUDA device (torchao float8 kernels): none is present"
+        if env.cuda_capability and tuple(env.cuda_capability) < FP8_MIN_CAPABILITY:
+            return f"FP8 needs compute capability >= 8.9; this GPU has {env.cuda_capability}"
+        return None
+
     def check(self, env: Env, cand: Candidate) -> str | None:
         recipe = cand.recipe
-        if self.scheme == "fp8" and not env.cuda:   # the machine rules it out, whatever the champion is
-            return "FP8 needs a CUDA device (torchao float8 kernels): none is present"
+        if reason := self.machine_check(env):   # the machine rules it out, whatever the champion is
+            return reason
         if recipe.quantization != "none":
             return f"the champion is already quantized ({recipe.quantization})"
         if recipe.engine not in ("torch", "onnxruntime", "openvino"):
@@ -37,8 +46,6 @@ class WeightQuantization(Optimizer):
                 return "the OpenVINO engine compresses weights to int8/int4 (NNCF) only; FP8 here is torchao on CUDA"
             if not on_cuda:
                 return "FP8 needs a CUDA device (torchao float8 kernels); the champion runs on CPU"
-            if env.cuda_capability and tuple(env.cuda_capability) < FP8_MIN_CAPABILITY:
-                return f"FP8 needs compute capability >= 8.9; this GPU has {env.cuda_capability}"
         if self.scheme == "int4" and recipe.engine == "torch" and not on_cuda:
             return "torchao Int4WeightOnly has no CPU kernel here; INT4 on CPU runs in onnxruntime (MatMulNBits)"
         if recipe.engine == "torch" and on_cuda and not cand.target.decodes:

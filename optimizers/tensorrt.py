@@ -17,11 +17,16 @@ class TensorRT(Optimizer):
             raise ValueError(f"precision must be fp32, fp16 or bf16, got {precision!r}")
         self.precision = precision
 
-    def check(self, env: Env, cand: Candidate) -> str | None:
+    def machine_check(self, env: Env) -> str | None:
         if not env.cuda:
             return "TensorRT builds engines for an NVIDIA GPU: no CUDA device is present"
         if importlib.util.find_spec("torch_tensorrt") is None:
             return "torch-tensorrt is not installed: pip install -e '.[gpu]'"
+        return None
+
+    def check(self, env: Env, cand: Candidate) -> str | None:
+        if reason := self.machine_check(env):
+            return reason
         if not cand.target.decodes:
             return "the TensorRT path compiles the decoder's torch graph; it is not built for encoders"
         if cand.recipe.compile == "tensorrt":
