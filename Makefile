@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 # Hydra overrides: `make sweep profile=quick target=tiny-llm` or `make sweep ARGS="gate.min_gain=0.1"`.
 OVERRIDES := $(foreach v,target profile ladder gate benchmark tracking experiment,$(if $($(v)),$(v)=$($(v)))) $(ARGS)
 
-.PHONY: setup browser sweep ui ui-check test test-fast bench bench-gpu bench-gate promote rollback status clean
+.PHONY: setup browser sweep ui ui-check server-check test test-fast bench bench-gpu bench-gate promote rollback status clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -31,6 +31,13 @@ ui: setup
 # keeps the DOM and logs).
 ui-check: setup
 	$(BIN)/python -m experiments.ui_check $(ARGS)
+
+# Server mode against a real PostgreSQL: Debian's postgresql (apt-get install when missing and root) in a scratch
+# cluster on 127.0.0.1 (run as the postgres user when root), `mlflow server` with it as backend store and its own
+# artefact store, a quick engine-swap sweep with tracking=server, its runs checked through the API and counted in
+# PostgreSQL; everything it started is stopped (~4 min here, mostly the sweep; ARGS="--keep" keeps the logs).
+server-check: setup
+	$(BIN)/python -m experiments.server_check $(ARGS)
 
 # Registry: `make promote [RUN=<run id>]`, `make rollback [TO=<version>] [REASON="why"]`, `make status`;
 # NAME=<registered model> for another name than roi-ladder-<target>; same target/tracking overrides as the sweep.

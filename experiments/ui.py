@@ -22,6 +22,13 @@ def latest_sweep_url(uri: str, experiment: str, base: str) -> str:
 
 def serve_ui(cfg) -> int:
     t = cfg.tracking
+    if str(t.uri).startswith(("http://", "https://")):     # tracking=server: the server is the UI
+        from experiments.secrets import scrub_text
+
+        shown = scrub_text(str(t.uri)).rstrip("/")
+        print(f"MLflow UI of the server {shown}\n  latest sweep: "
+              f"{latest_sweep_url(str(t.uri), str(t.experiment), shown)}", flush=True)
+        return 0
     base = f"http://{t.ui_host}:{t.ui_port}"
     print(f"MLflow UI for {t.uri}\n  latest sweep: {latest_sweep_url(str(t.uri), str(t.experiment), base)}",
           flush=True)
