@@ -176,6 +176,7 @@ def evaluate(lm, tasks: list[str], metric: str, include_path: Path | None, limit
             task=task, metric=metric, value=float(row[f"{metric},none"]),
             stderr=float(per_doc.std(ddof=1) / np.sqrt(len(per_doc))) if len(per_doc) > 1 else 0.0,
             per_doc=tuple(per_doc.tolist()),
-            results={"results": res["results"], "configs": res.get("configs", {}),
-                     "versions": res.get("versions", {})}))
+            # as JSON sees it: task configs hold callables and locks, and a report travels between processes
+            results=json.loads(json.dumps({"results": res["results"], "configs": res.get("configs", {}),
+                                           "versions": res.get("versions", {})}, default=str))))
     return reports

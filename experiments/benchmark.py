@@ -104,6 +104,12 @@ class RequestRecord:
     cancelled: bool = False
     done: threading.Event = field(default_factory=threading.Event)
 
+    def __getstate__(self) -> dict:
+        """A finished record travels from a rung's child process to the sweep; its Event stays behind."""
+        state = dict(self.__dict__)
+        state["done"] = None
+        return state
+
     @classmethod
     def arriving(cls, prompt: "Prompt", intended: float | None = None) -> "RequestRecord":
         """A request handed over now; its latency counts from `intended` (open loop) or from now."""

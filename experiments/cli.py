@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+from experiments.overrides import CONF_DIR
+
 USAGE = """usage: roi-ladder COMMAND [hydra overrides]
   sweep   climb the ladder (e.g. roi-ladder sweep profile=quick; --multirun target=a,b)
   ui      start the MLflow UI on 127.0.0.1 and print this sweep's URL
@@ -40,8 +40,15 @@ def main() -> None:
         from experiments.console import quiet_libraries
         from experiments.ui import serve_ui
 
+        from experiments.errors import ConfigError
+
         quiet_libraries()
-        sys.exit(serve_ui(_compose(rest)))
+        try:
+            cfg = _compose(rest)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        sys.exit(serve_ui(cfg))
     else:
         print(f"roi-ladder: unknown command {command!r}\n{USAGE}", file=sys.stderr)
         sys.exit(2)
@@ -56,7 +63,7 @@ def _registry_command(command: str, argv: list[str]) -> int:
 
     from hydra.errors import HydraException
 
-    from experiments import registry
+    from experiments import registry, tracking
     from experiments.console import quiet_libraries
     from experiments.errors import ConfigError
 
@@ -75,6 +82,7 @@ def _registry_command(command: str, argv: list[str]) -> int:
     quiet_libraries()
     try:
         tracking_cfg = _compose(overrides).tracking
+        tracking.prepare_store(tracking_cfg)
         if command == "promote":
             r = registry.promote(tracking_cfg, args.run, args.name)
             print(f"promoted run {r.run_id}: {r.model_name} version {r.version} is the champion "
@@ -102,7 +110,7 @@ def _http_command(command: str, argv: list[str]) -> int:
 
     from hydra.errors import HydraException
 
-    from experiments import endpoint
+    from experiments import endpoint, tracking
     from experiments.console import SweepConsole, level_table, quiet_libraries
     from experiments.errors import ConfigError
     from experiments.serving.http_client import PROMPT_FORMATS
@@ -134,6 +142,7 @@ def _http_command(command: str, argv: list[str]) -> int:
                 pass
             ui.console.print("stopped.")
         else:
+            tracking.prepare_store(cfg.tracking)
             result = endpoint.bench_endpoint(cfg, args.endpoint, args.model, args.prompt_format, ui)
             ui.console.print(level_table(result.report, f"{args.endpoint} · {result.model}"))
             ui.console.print(f"Logged run endpoint-bench ({result.run_id}) to {cfg.tracking.uri}.")
@@ -146,19 +155,27 @@ def _http_command(command: str, argv: list[str]) -> int:
 
 
 def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
+    from experiments.overrides import compose
 
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    return compose(overrides)
 
 
 def _sweep_app() -> None:
     import hydra
 
+    from experiments.errors import ConfigError
+    from experiments.overrides import check_sweep_args
+
+    try:
+        check_sweep_args(sys.argv[1:])
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
     @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
     def sweep(cfg) -> None:
         from experiments.console import SweepConsole, quiet_libraries
-        from experiments.errors import ConfigError
+        from experiments.errors import ConfigError, SweepInterrupted
         from experiments.ladder import run_sweep
 
         quiet_libraries()
@@ -168,6 +185,13 @@ def _sweep_app() -> None:
         except ConfigError as exc:
             ui.console.print(f"[bold red]error:[/bold red] {exc}")
             sys.exit(2)
+        except SweepInterrupted as exc:
+            ui.console.print(f"[bold yellow]stopped:[/bold yellow] {exc}")
+            sys.exit(130)
+        except KeyboardInterrupt:
+            ui.console.print("[bold yellow]stopped at once:[/bold yellow] the rung that was running is marked "
+                             "KILLED; run the same command again to resume from it")
+            sys.exit(130)
         ui.summary(result, int(max(cfg.benchmark.concurrency)), str(cfg.tracking.uri))
 
     sweep()

@@ -5,3 +5,10 @@ class ConfigError(Exception):
     def __init__(self, problem: str, fix: str):
         super().__init__(f"{problem}. {fix}.")
         self.problem, self.fix = problem, fix
+
+    def __reduce__(self):   # raised in a rung's child process, raised again in the sweep
+        return ConfigError, (self.problem, self.fix)
+
+
+class SweepInterrupted(Exception):
+    """The sweep stopped at a user's request after recording its last step; running it again resumes it."""

@@ -2,26 +2,29 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import mlflow
 import numpy as np
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from experiments import interleaved, kinds, soak, tracking
-from experiments.accuracy import AccuracyReport, mlflow_name
+from experiments import interleaved, isolation, kinds, ledger, soak, tracking
+from experiments.accuracy import AccuracyReport, check_tasks, mlflow_name
 from experiments.benchmark import LATENCY_METRICS, BenchmarkReport, Workload, check_load, run_benchmark, serve
 from experiments.capacity import check_config as check_capacity_config, plan
-from experiments.errors import ConfigError
+from experiments.errors import ConfigError, SweepInterrupted
 from experiments.fidelity import FidelityReport
 from experiments.gate import Criterion, Gate, Verdict, check_config as check_gate_config
+from experiments.interrupts import GracefulStop
+from experiments.ledger import Ledger
 from experiments.serving import build_engine
 from experiments.secrets import scrub_text
 from experiments.slo import applicable, parse_all
@@ -80,6 +83,7 @@ class Sweep:
     experiment_id: str
     ui: object
     scores: dict = field(default_factory=dict)  # numerics key -> (accuracy, fidelity, rung that measured them)
+    logs: Path | None = None                    # the rungs' child-process logs
 
 
 @dataclass
@@ -92,8 +96,16 @@ class SweepResult:
 
 # --- validation before any long work ---------------------------------------------------------------------
 def load_rungs(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
-    rungs = []
+    rungs, seen = [], {}
     for name, rung_cfg in (cfg.ladder.get("rungs") or {}).items():
+        if not isinstance(rung_cfg, DictConfig) or "_target_" not in rung_cfg:
+            raise ConfigError(f"rung {name!r} has no _target_",
+                              "point _target_ at an Optimizer class in optimizers/, as conf/rung/*.yaml do")
+        settings = json.dumps(OmegaConf.to_container(rung_cfg, resolve=True), sort_keys=True)
+        if settings in seen:   # the same recipe climbed twice: a second verdict on one change, twice the time
+            raise ConfigError(f"the ladder lists one rung twice: {name!r} has the same config as {seen[settings]!r}",
+                              f"drop {name!r} from the ladder (or give it different settings)")
+        seen[settings] = name
         try:
             opt = instantiate(rung_cfg)
         except InstantiationException as exc:
@@ -111,13 +123,31 @@ def load_rungs(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
     return rungs
 
 
-def validate(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
+def check_required(cfg: DictConfig, rungs: list[tuple[str, Optimizer]], env: Env) -> None:
+    """`ladder.required`: rungs this sweep is for. One this machine cannot run (no CUDA device, a missing
+    package) is refused now rather than recorded as skipped after the baseline has been measured."""
+    by_name = dict(rungs)
+    for name in cfg.ladder.get("required") or []:
+        if name not in by_name:
+            raise ConfigError(f"ladder.required names {name!r}, which is not in the ladder ({', '.join(by_name)})",
+                              f"add conf/rung/{name}.yaml to the ladder or drop {name!r} from ladder.required")
+        if reason := by_name[name].machine_check(env):
+            raise ConfigError(f"rung {name!r} is required (ladder.required) but cannot run on this machine: "
+                              f"{reason}", f"run the sweep where it can, or drop {name!r} from ladder.required "
+                                       "to let the sweep skip it")
+
+
+def validate(cfg: DictConfig, env: Env | None = None) -> list[tuple[str, Optimizer]]:
     check_source(cfg.target)
+    if not str(cfg.threads).isdigit() or int(cfg.threads) < 1:
+        raise ConfigError(f"threads={cfg.threads} is not an integer >= 1",
+                          "set threads to the cores the engine under test may use, e.g. threads=2")
     bench = cfg.benchmark
     check_load(bench)
     levels = [int(round(float(r))) for r in bench.rates] if bench.mode == "open" else list(bench.concurrency)
     check_capacity_config(cfg.capacity)
     soak.check_config(cfg.soak)
+    isolation.check_config(cfg.isolation)
     check_gate_config(cfg.gate)
     obj = cfg.gate.objective
     if obj.metric not in LATENCY_METRICS:
@@ -136,7 +166,11 @@ def validate(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
     except OSError as exc:
         raise ConfigError(f"data directory {data_dir} is not writable ({exc.strerror})",
                           "set data_dir=... or ROI_LADDER_HOME to a writable folder") from None
-    return load_rungs(cfg)
+    if cfg.target.kind == "causal-lm" and cfg.accuracy.include_path:   # shipped tasks are known once built
+        check_tasks(list(cfg.accuracy.tasks), Path(cfg.accuracy.include_path))
+    rungs = load_rungs(cfg)
+    check_required(cfg, rungs, env or Env.detect())
+    return rungs
 
 
 # --- the sweep --------------------------------------------------------------------------------------------
@@ -144,6 +178,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     rungs = validate(cfg)
     data_dir = Path(cfg.data_dir)
+    tracking.prepare_store(cfg.tracking)             # jobs of a parallel launcher may reach a fresh store at once
     experiment_id = tracking.connect(cfg.tracking)   # fails fast on a bad tracking URI
     env = Env.detect()
     with ui.stage("target: building or loading the model"):
@@ -160,23 +195,47 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
                 f"{', '.join(s.text for s in not_applicable)}")
     sweep = Sweep(cfg, env, target, workload, kind, Gate(cfg.gate, cfg.seed), experiment_id, ui)
     top = int(max(cfg.benchmark.concurrency))
-    outcomes: list[RungOutcome] = []
-    champion: RungOutcome | None = None
-    sweep_id = time.strftime("%Y%m%d-%H%M%S")
-    with tracking.run(f"sweep-{sweep_id}", experiment_id,
+    book = Ledger(data_dir, str(cfg.tracking.experiment), target.name)
+    sweep_key, keys = ledger.sweep_key(cfg), ledger.rung_keys(cfg, [n for n, _ in rungs])
+    resume, why = book.resumable(sweep_key, keys) if cfg.resume else (None, "resume=false")
+    if resume and tracking.run_status(resume.parent_run_id) is None:
+        resume, why = None, f"the earlier sweep's run {resume.parent_run_id} is gone from the store"
+    outcomes = _restore(resume, sweep) if resume else []
+    champion = next((o for o in reversed(outcomes) if o.verdict.accepted), None)
+    sweep_id = resume.sweep_id if resume else time.strftime("%Y%m%d-%H%M%S")
+    sweep.logs = data_dir / "logs" / f"{tracking.slug(str(cfg.tracking.experiment))}--{sweep_id}"
+    with tracking.run(f"sweep-{sweep_id}", experiment_id, run_id=resume.parent_run_id if resume else None,
                       tags={"roi.sweep": sweep_id, "roi.target": target.name, "roi.kind": "sweep",
                             "roi.profile": str(cfg.get("profile_name", "")), "git_commit": tracking.git_commit(),
-                            "hardware": "cuda" if env.cuda else "cpu"}) as parent:
-        tracking.log_config(cfg)
-        tracking.write_json(tracking.environment(), "env.json")
+                            "hardware": "cuda" if env.cuda else "cpu"}) as parent, GracefulStop(ui.note) as stop:
+        if resume:
+            ui.note(why)
+            _mark_stale(resume)
+            tracking.set_tag("roi.resumed", f"{time.strftime('%Y-%m-%dT%H:%M:%S')}: {why}")
+            for o in outcomes:
+                ui.rung_done(o, top)
+        else:
+            tracking.log_config(cfg)
+            tracking.write_json(tracking.environment(), "env.json")
+        book.begin(sweep_key, parent.info.run_id, sweep_id, resume.kept if resume else [])
         if not_applicable:
             tracking.set_tag("roi.slos.not_applicable", ", ".join(s.text for s in not_applicable))
-        for name, opt in rungs:
-            outcome = _climb(name, opt, champion, sweep)
+        for name, opt in rungs[len(outcomes):]:
+            if stop.requested:
+                break
+            outcome = _climb(name, opt, champion, sweep, book, keys[name])
             outcomes.append(outcome)
             if outcome.verdict.accepted:
                 champion = outcome
+            book.done(_ledger_entry(outcome), {"outcomes": {o.name: o for o in outcomes},
+                                               "reference": kind.reference, "scores": sweep.scores})
             ui.rung_done(outcome, top)
+        if stop.requested and len(outcomes) < len(rungs):
+            book.finish("interrupted")
+            tracking.set_tag("roi.interrupted", f"stopped by Ctrl-C after {outcomes[-1].name if outcomes else 'no rung'}"
+                                                f"; running the same sweep again resumes it")
+            raise SweepInterrupted(f"stopped after {len(outcomes)} of {len(rungs)} rungs, each recorded; run the "
+                                   f"same command again to resume from {rungs[len(outcomes)][0]}")
         tracking.set_tags({"roi.champion_run": champion.run_id if champion else "",
                          "roi.champion_rung": champion.name if champion else ""})
         if champion and champion.capacity:
@@ -185,18 +244,49 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         _diagnose(outcomes, champion, sweep)
         tracking.log_text(_markdown_table(outcomes, top), "summary.md")
         _log_plots(outcomes, champion, cfg)
+        book.finish("finished")
     return SweepResult(parent.info.run_id, experiment_id, outcomes, champion)
 
 
-def _climb(name, opt, champion, sweep: Sweep) -> RungOutcome:
-    cfg, gate = sweep.cfg, sweep.gate
-    base = champion.candidate if champion else None
+def _restore(resume, sweep: Sweep) -> list[RungOutcome]:
+    """The finished rungs an interrupted run of this sweep left, and what later rungs need from them."""
+    kept = [resume.state["outcomes"][e.name] for e in resume.kept]
+    names = {o.name for o in kept}
+    sweep.scores.update({k: v for k, v in resume.state.get("scores", {}).items() if v[2] in names})
+    if names:
+        sweep.kind.reference = resume.state.get("reference")
+    return kept
+
+
+def _mark_stale(resume) -> None:
+    """Runs of the earlier attempt that will be redone: an interrupted rung is KILLED, a changed one superseded."""
+    for entry in resume.stale:
+        if tracking.run_status(entry.run_id) is None:
+            continue
+        if entry.status == "running":
+            tracking.mark_run(entry.run_id, {"roi.verdict": "interrupted", "roi.reason": "the sweep stopped during "
+                              "this rung (killed, crashed or stopped at once); the resumed sweep redoes it"}, "KILLED")
+        else:
+            tracking.mark_run(entry.run_id, {"roi.superseded": "its config, or an earlier rung's, changed; the "
+                                             "resumed sweep redoes it"})
+
+
+def _ledger_entry(outcome: RungOutcome) -> dict:
+    cand = outcome.candidate
+    return {"verdict": outcome.verdict.status, "reason": outcome.verdict.reason[:2000],
+            "recipe": cand.describe() if cand else {}, "model_dir": str(cand.target.model_dir) if cand else ""}
+
+
+def _climb(name, opt, champion, sweep: Sweep, book: Ledger, key: str) -> RungOutcome:
+    """Skipped rungs are decided here; a rung that applies is built, measured and gated in its own child
+    process (conf/isolation), so a crash, an out-of-memory or a hang fails the rung, not the sweep."""
     tags = {"roi.rung": name, "roi.kind": "rung", "roi.cost": opt.cost,
             "roi.champion_before": champion.run_id if champion else ""}
     with tracking.run(name, sweep.experiment_id, nested=True, tags=tags) as run:
+        book.started(name, key, run.info.run_id)
         outcome = RungOutcome(name, Verdict("failed", "not run"), run_id=run.info.run_id, champion_before=champion)
         try:
-            current = base or Candidate(sweep.target)
+            current = champion.candidate if champion else Candidate(sweep.target)
             opt.observe(champion)
             reason = opt.check(sweep.env, current)
             if champion is None and not isinstance(opt, EagerBaseline):
@@ -206,29 +296,7 @@ def _climb(name, opt, champion, sweep: Sweep) -> RungOutcome:
             else:
                 if opt.decision:
                     tracking.set_tag("roi.decision", opt.decision[:5000])
-                with sweep.ui.stage(f"{name}: applying the rung ({opt.cost} cost)"):
-                    outcome.candidate = cand = opt.apply(current)
-                if cand.target.model_dir != current.target.model_dir:   # the rung made a new model
-                    tracking.set_tag("roi.model_dir", str(cand.target.model_dir))
-                mlflow.log_params(tracking.flatten({"recipe": cand.describe()}))
-                with _measure(cand, sweep, name) as (engine, outcome.bench, outcome.accuracy, outcome.fidelity):
-                    _log_measurements(outcome)
-                    outcome.capacity = _capacity_plan(outcome.bench, cfg.capacity)
-                    if champion is None:
-                        outcome.verdict = Verdict("accepted", "baseline: the first champion, measured as is")
-                    else:
-                        criteria = [_performance(champion, outcome.bench, cand, engine, sweep, name)]
-                        if cfg.gate.get("slos_still_met", True):
-                            criteria.append(gate.slos(champion.bench, outcome.bench))
-                        criteria += _accuracy_criteria(gate, champion.accuracy, outcome.accuracy)
-                        fidelity = sweep.kind.judge(outcome.fidelity)
-                        if opt.fidelity_gated:
-                            criteria.append(fidelity)
-                        else:
-                            tracking.set_tag("roi.fidelity", f"recorded, not gated for this rung: {fidelity.detail}")
-                        criteria += _soak(engine, outcome.bench, criteria, sweep, name)
-                        outcome.verdict = Verdict.from_criteria(criteria)
-                        _log_criteria(outcome.verdict.criteria)
+                outcome = _challenge_isolated(name, opt, champion, current, sweep, run.info.run_id, book)
         except ConfigError:
             raise
         except Exception as exc:  # a rung that breaks is a verdict, not the end of the sweep
@@ -238,6 +306,78 @@ def _climb(name, opt, champion, sweep: Sweep) -> RungOutcome:
         if outcome.verdict.status != "accepted":
             tracking.set_tag("roi.reverted_to", champion.run_id if champion else "")
     return outcome
+
+
+def _challenge_isolated(name, opt, champion, current, sweep: Sweep, run_id: str, book: Ledger) -> RungOutcome:
+    iso = sweep.cfg.isolation
+    alone = replace(champion, champion_before=None) if champion else None   # not the whole history
+    if not iso.enabled:
+        outcome, reference, scores = _challenge(name, opt, alone, current, sweep, run_id)
+    else:
+        limits = isolation.Limits.for_rung(iso, name)
+        log_path = sweep.logs / f"{name}.log"
+        done = isolation.run(_challenge, (name, opt, alone, current, replace(sweep, ui=None), run_id), limits,
+                             log_path, on_start=book.child)
+        mlflow.log_metrics({"isolation/peak_rss_bytes": done.peak_rss_bytes, "isolation/seconds": done.seconds})
+        tracking.set_tag("roi.isolation", f"child process, limits {limits.describe()}, log {log_path}")
+        if log_path.exists() and log_path.stat().st_size:
+            tracking.log_text(log_path.read_text(errors="replace")[-200_000:], "logs/rung.log")
+        if done.failure:
+            return RungOutcome(name, Verdict("failed", done.failure), run_id=run_id, champion_before=champion)
+        outcome, reference, scores = done.value
+    if sweep.kind.reference is None:
+        sweep.kind.reference = reference           # the baseline's: fidelity of every later rung is against it
+    sweep.scores.update(scores)
+    outcome.champion_before = champion
+    return outcome
+
+
+def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
+    """Apply, build, measure and gate one rung; in a child process (isolation) or, with isolation.enabled=false,
+    in the sweep's own. Returns (outcome, the baseline's reference scores, the score cache)."""
+    in_child = mlflow.active_run() is None
+    if in_child:
+        from experiments.console import SweepConsole, quiet_libraries
+
+        quiet_libraries()
+        sweep.ui = SweepConsole()
+        mlflow.set_tracking_uri(str(sweep.cfg.tracking.uri))
+        mlflow.start_run(run_id=run_id)
+    cfg, gate = sweep.cfg, sweep.gate
+    outcome = RungOutcome(name, Verdict("failed", "not run"), run_id=run_id)
+    try:
+        with sweep.ui.stage(f"{name}: applying the rung ({opt.cost} cost)"):
+            outcome.candidate = cand = opt.apply(current)
+        if cand.target.model_dir != current.target.model_dir:   # the rung made a new model
+            tracking.set_tag("roi.model_dir", str(cand.target.model_dir))
+        mlflow.log_params(tracking.flatten({"recipe": cand.describe()}))
+        with _measure(cand, sweep, name) as (engine, outcome.bench, outcome.accuracy, outcome.fidelity):
+            _log_measurements(outcome)
+            outcome.capacity = _capacity_plan(outcome.bench, cfg.capacity)
+            if champion is None:
+                outcome.verdict = Verdict("accepted", "baseline: the first champion, measured as is")
+            else:
+                criteria = [_performance(champion, outcome.bench, cand, engine, sweep, name)]
+                if cfg.gate.get("slos_still_met", True):
+                    criteria.append(gate.slos(champion.bench, outcome.bench))
+                criteria += _accuracy_criteria(gate, champion.accuracy, outcome.accuracy)
+                fidelity = sweep.kind.judge(outcome.fidelity)
+                if opt.fidelity_gated:
+                    criteria.append(fidelity)
+                else:
+                    tracking.set_tag("roi.fidelity", f"recorded, not gated for this rung: {fidelity.detail}")
+                criteria += _soak(engine, outcome.bench, criteria, sweep, name)
+                outcome.verdict = Verdict.from_criteria(criteria)
+                _log_criteria(outcome.verdict.criteria)
+    except ConfigError:
+        raise
+    except Exception as exc:  # a rung that breaks is a verdict, not the end of the sweep
+        log.exception("rung %s failed", name)
+        outcome.verdict = Verdict("failed", f"{type(exc).__name__}: {str(exc)[:400]}")
+    finally:
+        if in_child:
+            mlflow.end_run()
+    return outcome, sweep.kind.reference, sweep.scores
 
 
 @contextmanager

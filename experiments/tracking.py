@@ -9,30 +9,73 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from experiments.errors import ConfigError
 from experiments.secrets import scrub_params, scrub_text, scrub_tree
 
 MAX_PARAM_CHARS = 500
+PROBE_TIMEOUT_S = 5.0
 
 
 def connect(cfg) -> str:
     """Point MLflow at the configured store and return the experiment id (created with an explicit
-    artefact location, or artefacts would land in the CWD)."""
-    uri = str(cfg.uri)
-    if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(uri)
-    client = MlflowClient()
-    exp = client.get_experiment_by_name(cfg.experiment)
-    if exp is not None:
-        return exp.experiment_id
-    root = Path(cfg.artifact_root)
-    root.mkdir(parents=True, exist_ok=True)
-    return client.create_experiment(cfg.experiment, artifact_location=(root / _slug(cfg.experiment)).as_uri())
+    artefact location, or artefacts would land in the CWD). A store that cannot be used is a ConfigError."""
+    uri, shown = str(cfg.uri), scrub_text(str(cfg.uri))
+    if not str(cfg.experiment or "").strip():
+        raise ConfigError("tracking.experiment is empty",
+                          "name the MLflow experiment, e.g. tracking.experiment=roi-ladder")
+    if uri.startswith(("http://", "https://")):
+        _probe_server(uri, str(cfg.experiment))
+    try:
+        if uri.startswith("sqlite:///"):
+            Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        mlflow.set_tracking_uri(uri)
+        client = MlflowClient()
+        exp = client.get_experiment_by_name(cfg.experiment)
+        if exp is not None:
+            return exp.experiment_id
+        root = Path(cfg.artifact_root)
+        root.mkdir(parents=True, exist_ok=True)
+        return client.create_experiment(cfg.experiment, artifact_location=(root / slug(cfg.experiment)).as_uri())
+    except (MlflowException, OSError) as exc:
+        reason = scrub_text(" ".join(str(exc).split()))[:300]
+        raise ConfigError(f"the MLflow store tracking.uri={shown} cannot be used ({reason})",
+                          "set tracking.uri to sqlite:///<file>, a file: folder or a running http(s) MLflow server "
+                          "(tracking=local is the default store under data_dir)") from None
 
 
-def _slug(name: str) -> str:
+def _probe_server(uri: str, experiment: str) -> None:
+    """A server that is down or failing is told in PROBE_TIMEOUT_S: MLflow's own client retries for minutes."""
+    import ssl
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    shown = scrub_text(uri)
+    url = f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/get-by-name?" + urllib.parse.urlencode(
+        {"experiment_name": experiment})
+    try:
+        with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S):
+            return
+    except urllib.error.HTTPError as exc:
+        if exc.code < 500:   # 404: no such experiment yet; 401/403: MLflow's client sends the credentials
+            return
+        raise ConfigError(f"the MLflow server at {shown} answers HTTP {exc.code} ({exc.reason})",
+                          "check the server's log and its backend store, or record locally with tracking=local") \
+            from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ssl.SSLError):   # MLflow's client may trust a certificate urllib does not
+            return
+        raise ConfigError(f"the MLflow server at {shown} is unreachable ({reason or type(exc).__name__})",
+                          "start it (e.g. mlflow server --host 127.0.0.1 --port 5000) and check tracking.uri, or "
+                          "record locally with tracking=local") from None
+
+
+def slug(name: str) -> str:
+    """A name safe in a file or folder name."""
     return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)
 
 
@@ -65,10 +108,35 @@ def log_series(series: dict[str, list[tuple[int, float]]], prefix: str = "") -> 
 
 
 @contextmanager
-def run(name: str, experiment_id: str, nested: bool = False, tags: dict | None = None):
-    with mlflow.start_run(run_name=name, experiment_id=experiment_id, nested=nested,
-                          tags={k: scrub_text(v) for k, v in (tags or {}).items()}) as r:
-        yield r
+def run(name: str, experiment_id: str, nested: bool = False, tags: dict | None = None, run_id: str | None = None):
+    """A new run, or (run_id) an earlier one resumed; KILLED, not FAILED, when the user stopped the sweep."""
+    from experiments.errors import SweepInterrupted
+
+    with mlflow.start_run(run_id=run_id, run_name=None if run_id else name, experiment_id=experiment_id,
+                          nested=nested, tags={k: scrub_text(v) for k, v in (tags or {}).items()}) as r:
+        try:
+            yield r
+        except (KeyboardInterrupt, SweepInterrupted):
+            mlflow.end_run("KILLED")
+            raise
+
+
+def run_status(run_id: str) -> str | None:
+    """RUNNING, FINISHED, KILLED, ... or None when the store has no such (undeleted) run."""
+    try:
+        found = MlflowClient().get_run(run_id)
+    except mlflow.exceptions.MlflowException:
+        return None
+    return found.info.status if found.info.lifecycle_stage == "active" else None
+
+
+def mark_run(run_id: str, tags: dict, status: str | None = None) -> None:
+    """Tags (and a final status) on a run that is not the active one: a rung an earlier sweep left behind."""
+    client = MlflowClient()
+    for key, value in tags.items():
+        client.set_tag(run_id, key, scrub_text(value))
+    if status:
+        client.set_terminated(run_id, status)
 
 
 def set_tag(key: str, value) -> None:
@@ -134,3 +202,44 @@ def log_config(cfg) -> None:
     resolved = scrub_tree(OmegaConf.to_container(cfg, resolve=True))
     log_params(flatten(resolved))
     log_text(OmegaConf.to_yaml(OmegaConf.create(resolved)), "config/resolved.yaml")
+
+
+def prepare_store(cfg) -> None:
+    """Ready the store for sweeps that write to it at once (Hydra's joblib, submitit or ray launchers), then
+    leave the rest to connect(). MLflow creates a fresh sqlite store's tables unguarded on first use, so two first
+    uses race on `CREATE TABLE`: here they are created under an exclusive lock on a file beside the database.
+    Two jobs creating one experiment race on its unique name: the loser takes the winner's. Without
+    tracking.artifact_root (tracking=server) the experiment gets the server's artefact root, and artefacts go
+    through the server rather than to a path on this machine."""
+    import fcntl
+
+    uri, shown = str(cfg.uri), scrub_text(str(cfg.uri))
+    if not str(cfg.experiment or "").strip():
+        return                                    # connect() says what is wrong
+    if uri.startswith(("http://", "https://")):
+        _probe_server(uri, str(cfg.experiment))
+    try:
+        if uri.startswith("sqlite:///"):
+            db = Path(uri.removeprefix("sqlite:///"))
+            db.parent.mkdir(parents=True, exist_ok=True)
+            with open(db.with_name(db.name + ".init-lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                MlflowClient(tracking_uri=uri).search_experiments(max_results=1)   # creates and migrates tables
+        client = MlflowClient(tracking_uri=uri)
+        if client.get_experiment_by_name(cfg.experiment) is not None:
+            return
+        location = None
+        if cfg.get("artifact_root"):
+            root = Path(cfg.artifact_root)
+            root.mkdir(parents=True, exist_ok=True)
+            location = (root / slug(cfg.experiment)).as_uri()
+        try:
+            client.create_experiment(cfg.experiment, artifact_location=location)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":   # another job created it first: connect() finds it
+                raise
+    except (MlflowException, OSError) as exc:
+        reason = scrub_text(" ".join(str(exc).split()))[:300]
+        raise ConfigError(f"the MLflow store tracking.uri={shown} cannot be used ({reason})",
+                          "set tracking.uri to sqlite:///<file>, a file: folder or a running http(s) MLflow server "
+                          "(tracking=local is the default store under data_dir)") from None

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from conftest import REPO, SHARED_CACHE, compose
 
 RUNGS = ["baseline", "onnxruntime"]
-FAST = ["ladder=engine-swap", "profile=quick", "accuracy.limit=50"]
+FAST = ["ladder=engine-swap", "profile=quick", "accuracy.limit=50", "gate.fidelity.sequences=8"]
 # Two jobs on this machine's 2 cores: one engine thread each (two threads each ran ~2x slower, oversubscribed).
 # tiny-llm's build keeps 2 threads, the build the model_dir fixture made (a build's threads are in its hash);
 # `++` because minilm has no build section (it ignores the key).

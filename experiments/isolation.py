@@ -1,0 +1,219 @@
+"""Each challenger in a child process of its own, under a time and a memory limit.
+
+A segfault, an out-of-memory or a hang in a rung's build or measurements becomes a reason, not the end of the
+sweep. Children come from a fork server that imported the heavy libraries once and never ran a kernel: a fork of
+it is quick and safe (no OpenMP or ONNX Runtime thread pools to inherit), unlike a fork of the sweep itself.
+Only processes this module started are ever ended, each by its own id.
+"""
+from __future__ import annotations
+
+import faulthandler
+import logging
+import multiprocessing
+import os
+import select
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from experiments.errors import ConfigError
+
+# Imported once by the fork server, so a child starts in a fraction of a second instead of ~8 s.
+PRELOAD = ["experiments.ladder", "experiments.accuracy", "experiments.report", "experiments.serving.torch_engine",
+           "experiments.serving.ort_engine", "experiments.serving.encoder", "lm_eval.evaluator", "matplotlib.pyplot"]
+SIGNAL_MEANING = {signal.SIGSEGV: "segmentation fault", signal.SIGBUS: "bus error", signal.SIGABRT: "aborted",
+                  signal.SIGKILL: "killed: by the kernel's out-of-memory killer or another process",
+                  signal.SIGILL: "illegal instruction", signal.SIGFPE: "arithmetic fault"}
+LOG_TAIL_LINES = 8
+
+
+@dataclass(frozen=True)
+class Limits:
+    time_s: float
+    memory_bytes: int
+    poll_s: float
+
+    @classmethod
+    def for_rung(cls, cfg, name: str) -> "Limits":
+        """conf/isolation: the defaults, overridden per rung under `rungs.<name>`."""
+        own = (cfg.get("rungs") or {}).get(name) or {}
+        gb = own.get("memory_limit_gb", cfg.memory_limit_gb)
+        memory = float(gb) * 2**30 if gb is not None else float(cfg.memory_fraction) * psutil.virtual_memory().total
+        return cls(float(own.get("time_limit_s", cfg.time_limit_s)), int(memory), float(cfg.poll_s))
+
+    def describe(self) -> str:
+        return f"{self.time_s:g} s, {self.memory_bytes / 2**30:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    value: object = None
+    failure: str | None = None      # why the child gave no value: signal, limit hit, exit code, last log lines
+    peak_rss_bytes: int = 0
+    seconds: float = 0.0
+
+
+def check_config(cfg) -> None:
+    for key in ("time_limit_s", "poll_s"):
+        if float(cfg[key]) <= 0:
+            raise ConfigError(f"isolation.{key} must be > 0, got {cfg[key]}", f"e.g. isolation.{key}=3600")
+    if cfg.memory_limit_gb is None and not 0 < float(cfg.memory_fraction) <= 1:
+        raise ConfigError(f"isolation.memory_fraction must be in (0, 1], got {cfg.memory_fraction}",
+                          "e.g. isolation.memory_fraction=0.8, or set isolation.memory_limit_gb")
+    for name, own in (cfg.get("rungs") or {}).items():
+        unknown = set(own) - {"time_limit_s", "memory_limit_gb"}
+        if unknown:
+            raise ConfigError(f"isolation.rungs.{name} has unknown keys {sorted(unknown)}",
+                              "per-rung limits are time_limit_s and memory_limit_gb")
+
+
+_context = None
+
+
+def _fork_server():
+    global _context
+    if _context is None:
+        if multiprocessing.get_start_method(allow_none=True) not in multiprocessing.get_all_start_methods():
+            # a worker of hydra/launcher=joblib defaults to loky's start method, which the fork server's children
+            # would try (and fail) to set up: back to the platform's default, loky keeps its own context
+            multiprocessing.set_start_method(None, force=True)
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(PRELOAD)
+    return _context
+
+
+def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None) -> Outcome:
+    """fn(*args) in a child; its value, or why there is none. A KeyboardInterrupt in the caller (a second
+    Ctrl-C) ends the child at once and is raised again."""
+    ctx = _fork_server()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    receiver, sender = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child_main, args=(sender, fn, args, str(log_path)), name=f"roi-ladder:{log_path.stem}")
+    started = time.monotonic()
+    child.start()
+    sender.close()
+    if on_start:
+        on_start(child.pid)
+    peak, failure = 0, None
+    try:
+        while True:
+            if receiver.poll(limits.poll_s):
+                try:
+                    status, value = receiver.recv()
+                except (EOFError, OSError):
+                    break                      # died without a word: the exit code says how
+                child.join(30)
+                if status == "raised":
+                    raise value
+                return Outcome(value, None, peak, time.monotonic() - started)
+            if not child.is_alive() and not receiver.poll(0):
+                break
+            rss = _tree_rss(child.pid)
+            peak = max(peak, rss)
+            if rss > limits.memory_bytes:
+                failure = (f"memory limit hit: the rung's processes held {rss / 2**30:.2f} GiB resident, over the "
+                           f"limit of {limits.memory_bytes / 2**30:.2f} GiB (isolation.memory_limit_gb)")
+                break
+            if time.monotonic() - started > limits.time_s:
+                failure = (f"time limit hit: still running after {limits.time_s:g} s (isolation.time_limit_s); "
+                           f"it may hang")
+                break
+    except KeyboardInterrupt:
+        _end(child)
+        raise
+    finally:
+        receiver.close()
+    _end(child)
+    if failure is None:
+        failure = _exit_reason(child.exitcode)
+    tail = _log_tail(log_path)
+    return Outcome(None, f"{failure}{'; last log lines: ' + tail if tail else ''}", peak, time.monotonic() - started)
+
+
+def _child_main(sender, fn, args, log_path: str) -> None:
+    _die_with_sweep(sender)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # the sweep's first Ctrl-C lets this rung finish
+    log_file = open(log_path, "a", buffering=1)
+    faulthandler.enable(log_file, all_threads=False)  # a segfault's Python stack lands in the rung's log
+    handler = logging.StreamHandler(log_file)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(logging.INFO)
+    try:
+        sender.send(("ok", fn(*args)))
+    except ConfigError as exc:    # bad input found by the rung: the sweep stops, as it would without a child
+        sender.send(("raised", exc))
+    except BaseException:
+        traceback.print_exc(file=log_file)
+        raise
+
+
+def _die_with_sweep(sender) -> None:
+    """End this process, and what it started, when the sweep's end of the result pipe closes: a SIGKILLed
+    sweep leaves no rung running on. (The fork server outlives the sweep while a child runs, so the child
+    watches the sweep itself; a pipe's write end reports POLLERR once its reader is gone.)"""
+    def watch():
+        poller = select.poll()
+        poller.register(sender.fileno(), select.POLLERR | select.POLLHUP)
+        while not poller.poll(1000):
+            pass
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="die-with-sweep", daemon=True).start()
+
+
+def _tree_rss(pid: int) -> int:
+    try:
+        proc = psutil.Process(pid)
+        return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
+    except psutil.Error:
+        return 0
+
+
+def _end(child) -> None:
+    """SIGKILL the child and what it started, each by its id; nothing else."""
+    if child.pid is None:
+        return
+    try:
+        family = [psutil.Process(child.pid)]
+        family += family[0].children(recursive=True)
+    except psutil.Error:
+        family = []
+    for proc in family:
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    child.join(30)
+    psutil.wait_procs([p for p in family if p.pid != child.pid], timeout=10)
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "the rung's process did not exit"
+    if code < 0:
+        sig = signal.Signals(-code)
+        return f"the rung's process died of {sig.name} ({SIGNAL_MEANING.get(sig, 'a signal')})"
+    return f"the rung's process exited with code {code} before reporting a result"
+
+
+def _log_tail(log_path: Path) -> str:
+    """The last lines of the rung's log; after a fatal signal, faulthandler's report instead, whose first frames
+    (most recent call first) say where it died."""
+    try:
+        lines = [line.rstrip()[:300] for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    fatal = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error")]
+    picked = lines[fatal[-1]:fatal[-1] + LOG_TAIL_LINES] if fatal else lines[-LOG_TAIL_LINES:]
+    return " | ".join(picked)[-1500:]
