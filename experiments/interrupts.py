@@ -1,13 +1,16 @@
 """Ctrl-C during a sweep: the first finishes the current step and records it, the second stops at once."""
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
+NOTE = b"\n  Ctrl-C: finishing the current step and recording it, then stopping (Ctrl-C again stops at once)\n"
+
 
 class GracefulStop:
-    def __init__(self, note):
-        self.note, self.requested, self._previous = note, False, None
+    def __init__(self):
+        self.requested, self._previous = False, None
 
     def __enter__(self) -> "GracefulStop":
         if threading.current_thread() is threading.main_thread():   # launchers may run a job in a thread
@@ -22,4 +25,4 @@ class GracefulStop:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        self.note("Ctrl-C: finishing the current step and recording it, then stopping (Ctrl-C again stops at once)")
+        os.write(2, NOTE)   # not through the console: this may interrupt one of its writes

@@ -24,7 +24,7 @@ import psutil
 from experiments.errors import ConfigError
 
 # Imported once by the fork server, so a child starts in a fraction of a second instead of ~8 s.
-PRELOAD = ["experiments.ladder", "experiments.accuracy", "experiments.report", "experiments.serving.torch_engine",
+PRELOAD = ["experiments.rung_process", "experiments.ladder", "experiments.accuracy", "experiments.report", "experiments.serving.torch_engine",
            "experiments.serving.ort_engine", "experiments.serving.encoder", "lm_eval.evaluator", "matplotlib.pyplot"]
 SIGNAL_MEANING = {signal.SIGSEGV: "segmentation fault", signal.SIGBUS: "bus error", signal.SIGABRT: "aborted",
                   signal.SIGKILL: "killed: by the kernel's out-of-memory killer or another process",
@@ -95,12 +95,12 @@ def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None) -> Outco
     receiver, sender = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child_main, args=(sender, fn, args, str(log_path)), name=f"roi-ladder:{log_path.stem}")
     started = time.monotonic()
-    child.start()
-    sender.close()
-    if on_start:
-        on_start(child.pid)
-    peak, failure = 0, None
+    peak, failure, family = 0, None, {}
     try:
+        child.start()
+        sender.close()
+        if on_start:
+            on_start(child.pid)
         while True:
             if receiver.poll(limits.poll_s):
                 try:
@@ -113,7 +113,7 @@ def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None) -> Outco
                 return Outcome(value, None, peak, time.monotonic() - started)
             if not child.is_alive() and not receiver.poll(0):
                 break
-            rss = _tree_rss(child.pid)
+            rss = _tree_rss(child.pid, family)
             peak = max(peak, rss)
             if rss > limits.memory_bytes:
                 failure = (f"memory limit hit: the rung's processes held {rss / 2**30:.2f} GiB resident, over the "
@@ -123,12 +123,13 @@ def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None) -> Outco
                 failure = (f"time limit hit: still running after {limits.time_s:g} s (isolation.time_limit_s); "
                            f"it may hang")
                 break
-    except KeyboardInterrupt:
-        _end(child)
+    except BaseException:
+        _end(child, family)
         raise
     finally:
         receiver.close()
-    _end(child)
+        sender.close()
+    _end(child, family)
     if failure is None:
         failure = _exit_reason(child.exitcode)
     tail = _log_tail(log_path)
@@ -136,9 +137,15 @@ def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None) -> Outco
 
 
 def _child_main(sender, fn, args, log_path: str) -> None:
+    os.setpgrp()                      # a group of its own: what it starts is ended with it, by the group's id
     _die_with_sweep(sender)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)     # the sweep's first Ctrl-C lets this rung finish
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")           # out of memory, the kernel ends the rung, not the sweep
+    except OSError:
+        pass
     log_file = open(log_path, "a", buffering=1)
+    os.dup2(log_file.fileno(), 2)     # native libraries' messages (aborts, ORT, CUDA) land in the rung's log too
     faulthandler.enable(log_file, all_threads=False)  # a segfault's Python stack lands in the rung's log
     handler = logging.StreamHandler(log_file)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -162,40 +169,46 @@ def _die_with_sweep(sender) -> None:
         poller.register(sender.fileno(), select.POLLERR | select.POLLHUP)
         while not poller.poll(1000):
             pass
-        for proc in psutil.Process().children(recursive=True):
-            try:
-                os.kill(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="die-with-sweep", daemon=True).start()
 
 
-def _tree_rss(pid: int) -> int:
+def _tree_rss(pid: int, family: dict) -> int:
+    """Resident memory of the child and its descendants; each process seen is kept in `family`, so it can be
+    ended later even once it has been handed to init."""
     try:
-        proc = psutil.Process(pid)
-        return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
     except psutil.Error:
         return 0
+    total = 0
+    for proc in procs:
+        family.setdefault(proc.pid, proc)
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
 
 
-def _end(child) -> None:
-    """SIGKILL the child and what it started, each by its id; nothing else."""
+def _end(child, family: dict) -> None:
+    """SIGKILL the child's process group and each process seen in it: only what the rung started. psutil checks
+    a process is still the one seen (its start time), so a reused pid is never hit."""
     if child.pid is None:
         return
-    try:
-        family = [psutil.Process(child.pid)]
-        family += family[0].children(recursive=True)
-    except psutil.Error:
-        family = []
-    for proc in family:
+    if child.exitcode is None:       # not reaped yet: its pid, and its group's id, are still its own
         try:
-            os.kill(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            os.killpg(child.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            child.kill()              # it had not made its group yet
+    for proc in family.values():
+        try:
+            proc.kill()
+        except psutil.Error:
             pass
     child.join(30)
-    psutil.wait_procs([p for p in family if p.pid != child.pid], timeout=10)
+    psutil.wait_procs([p for p in family.values() if p.pid != child.pid], timeout=10)
 
 
 def _exit_reason(code: int | None) -> str:

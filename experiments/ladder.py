@@ -195,29 +195,17 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
                 f"{', '.join(s.text for s in not_applicable)}")
     sweep = Sweep(cfg, env, target, workload, kind, Gate(cfg.gate, cfg.seed), experiment_id, ui)
     top = int(max(cfg.benchmark.concurrency))
-    book = Ledger(data_dir, str(cfg.tracking.experiment), target.name)
-    sweep_key, keys = ledger.sweep_key(cfg), ledger.rung_keys(cfg, [n for n, _ in rungs])
-    resume, why = book.resumable(sweep_key, keys) if cfg.resume else (None, "resume=false")
-    if resume and tracking.run_status(resume.parent_run_id) is None:
-        resume, why = None, f"the earlier sweep's run {resume.parent_run_id} is gone from the store"
-    outcomes = _restore(resume, sweep) if resume else []
+    book, keys, resume, why = _open_ledger(sweep, [n for n, _ in rungs])
+    outcomes = ledger.restore(resume, kind, sweep.scores) if resume else []
     champion = next((o for o in reversed(outcomes) if o.verdict.accepted), None)
     sweep_id = resume.sweep_id if resume else time.strftime("%Y%m%d-%H%M%S")
     sweep.logs = data_dir / "logs" / f"{tracking.slug(str(cfg.tracking.experiment))}--{sweep_id}"
     with tracking.run(f"sweep-{sweep_id}", experiment_id, run_id=resume.parent_run_id if resume else None,
                       tags={"roi.sweep": sweep_id, "roi.target": target.name, "roi.kind": "sweep",
                             "roi.profile": str(cfg.get("profile_name", "")), "git_commit": tracking.git_commit(),
-                            "hardware": "cuda" if env.cuda else "cpu"}) as parent, GracefulStop(ui.note) as stop:
-        if resume:
-            ui.note(why)
-            _mark_stale(resume)
-            tracking.set_tag("roi.resumed", f"{time.strftime('%Y-%m-%dT%H:%M:%S')}: {why}")
-            for o in outcomes:
-                ui.rung_done(o, top)
-        else:
-            tracking.log_config(cfg)
-            tracking.write_json(tracking.environment(), "env.json")
-        book.begin(sweep_key, parent.info.run_id, sweep_id, resume.kept if resume else [])
+                            "hardware": "cuda" if env.cuda else "cpu"}) as parent, GracefulStop() as stop:
+        book.begin(parent.info.run_id, sweep_id, resume.kept if resume else [])   # before anything else is logged
+        _record_start(resume, why, sweep, outcomes, top)
         if not_applicable:
             tracking.set_tag("roi.slos.not_applicable", ", ".join(s.text for s in not_applicable))
         for name, opt in rungs[len(outcomes):]:
@@ -244,31 +232,36 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         _diagnose(outcomes, champion, sweep)
         tracking.log_text(_markdown_table(outcomes, top), "summary.md")
         _log_plots(outcomes, champion, cfg)
-        book.finish("finished")
+    book.finish("finished")     # after the parent run ended: a kill before this redoes only the closing steps
     return SweepResult(parent.info.run_id, experiment_id, outcomes, champion)
 
 
-def _restore(resume, sweep: Sweep) -> list[RungOutcome]:
-    """The finished rungs an interrupted run of this sweep left, and what later rungs need from them."""
-    kept = [resume.state["outcomes"][e.name] for e in resume.kept]
-    names = {o.name for o in kept}
-    sweep.scores.update({k: v for k, v in resume.state.get("scores", {}).items() if v[2] in names})
-    if names:
-        sweep.kind.reference = resume.state.get("reference")
-    return kept
+def _open_ledger(sweep: Sweep, names: list[str]):
+    """(ledger, rung keys, what an unfinished run of the same sweep left or None, why)."""
+    cfg = sweep.cfg
+    key = ledger.sweep_key(cfg, tracking.environment())
+    book = Ledger(Path(cfg.data_dir), str(cfg.tracking.experiment), sweep.target.name, key)
+    book.lock()
+    keys = ledger.rung_keys(cfg, names, key)
+    resume, why = book.resumable(keys) if cfg.resume else (None, "resume=false")
+    if resume and tracking.run_status(resume.parent_run_id) is None:
+        resume, why = None, f"the earlier sweep's run {resume.parent_run_id} is gone from the store"
+    return book, keys, resume, why
 
 
-def _mark_stale(resume) -> None:
-    """Runs of the earlier attempt that will be redone: an interrupted rung is KILLED, a changed one superseded."""
-    for entry in resume.stale:
-        if tracking.run_status(entry.run_id) is None:
-            continue
-        if entry.status == "running":
-            tracking.mark_run(entry.run_id, {"roi.verdict": "interrupted", "roi.reason": "the sweep stopped during "
-                              "this rung (killed, crashed or stopped at once); the resumed sweep redoes it"}, "KILLED")
-        else:
-            tracking.mark_run(entry.run_id, {"roi.superseded": "its config, or an earlier rung's, changed; the "
-                                             "resumed sweep redoes it"})
+def _record_start(resume, why: str, sweep: Sweep, kept: list[RungOutcome], top: int) -> None:
+    if not resume:
+        tracking.log_config(sweep.cfg)
+        tracking.write_json(tracking.environment(), "env.json")
+        return
+    sweep.ui.note(why)
+    ledger.mark_stale(resume, sweep.experiment_id)
+    resumed_at = time.strftime("%Y-%m-%dT%H-%M-%S")
+    tracking.set_tag("roi.resumed", f"{resumed_at}: {why}")
+    # params stay the first attempt's (MLflow keeps them immutable); a changed rung shows in this copy
+    tracking.log_config(sweep.cfg, f"config/resumed-{resumed_at}.yaml", params=False)
+    for outcome in kept:
+        sweep.ui.rung_done(outcome, top)
 
 
 def _ledger_entry(outcome: RungOutcome) -> dict:
@@ -315,9 +308,9 @@ def _challenge_isolated(name, opt, champion, current, sweep: Sweep, run_id: str,
         outcome, reference, scores = _challenge(name, opt, alone, current, sweep, run_id)
     else:
         limits = isolation.Limits.for_rung(iso, name)
-        log_path = sweep.logs / f"{name}.log"
-        done = isolation.run(_challenge, (name, opt, alone, current, replace(sweep, ui=None), run_id), limits,
-                             log_path, on_start=book.child)
+        log_path = sweep.logs / f"{name}-{run_id[:8]}.log"   # a redone rung's log is its own
+        done = isolation.run(_challenge_in_child, (name, opt, alone, current, replace(sweep, ui=None), run_id),
+                             limits, log_path, on_start=book.child)
         mlflow.log_metrics({"isolation/peak_rss_bytes": done.peak_rss_bytes, "isolation/seconds": done.seconds})
         tracking.set_tag("roi.isolation", f"child process, limits {limits.describe()}, log {log_path}")
         if log_path.exists() and log_path.stat().st_size:
@@ -332,17 +325,20 @@ def _challenge_isolated(name, opt, champion, current, sweep: Sweep, run_id: str,
     return outcome
 
 
-def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
-    """Apply, build, measure and gate one rung; in a child process (isolation) or, with isolation.enabled=false,
-    in the sweep's own. Returns (outcome, the baseline's reference scores, the score cache)."""
-    in_child = mlflow.active_run() is None
-    if in_child:
-        from experiments.console import SweepConsole, quiet_libraries
+def _challenge_in_child(name, opt, champion, current, sweep: Sweep, run_id: str):
+    """The rung's own process: its console, and the rung's MLflow run picked up by id."""
+    from experiments.console import SweepConsole, quiet_libraries
 
-        quiet_libraries()
-        sweep.ui = SweepConsole()
-        mlflow.set_tracking_uri(str(sweep.cfg.tracking.uri))
-        mlflow.start_run(run_id=run_id)
+    quiet_libraries()
+    sweep.ui = SweepConsole()
+    mlflow.set_tracking_uri(str(sweep.cfg.tracking.uri))
+    with mlflow.start_run(run_id=run_id):
+        return _challenge(name, opt, champion, current, sweep, run_id)
+
+
+def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
+    """Apply, build, measure and gate one rung, logging to the active (rung) run. Returns (outcome, the
+    baseline's reference scores, the score cache)."""
     cfg, gate = sweep.cfg, sweep.gate
     outcome = RungOutcome(name, Verdict("failed", "not run"), run_id=run_id)
     try:
@@ -374,9 +370,6 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
     except Exception as exc:  # a rung that breaks is a verdict, not the end of the sweep
         log.exception("rung %s failed", name)
         outcome.verdict = Verdict("failed", f"{type(exc).__name__}: {str(exc)[:400]}")
-    finally:
-        if in_child:
-            mlflow.end_run()
     return outcome, sweep.kind.reference, sweep.scores
 
 
@@ -455,8 +448,6 @@ def _performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate,
 def _accuracy_criteria(gate: Gate, champion: list[AccuracyReport], challenger: list[AccuracyReport]) -> list[Criterion]:
     """One criterion per gated score; with several, each named after what tells it apart (the metric within
     one task, as recall@1 and @5; else the task) so none overwrites another's tag and numbers."""
-    from dataclasses import replace
-
     criteria = [gate.accuracy(c, n) for c, n in zip(champion, challenger)]
     if len(criteria) < 2:
         return criteria
@@ -544,8 +535,6 @@ def _diagnose(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: 
     """The seed's three-layer drill-down (experiments/diagnose.py): tags `roi.diagnosis` and
     `roi.recommended_next_rung` on every measured rung's run, and on the sweep's run for the champion, whose
     decode step is profiled too; a profiler that fails costs the table, not the sweep."""
-    from dataclasses import replace
-
     from experiments import diagnose, roofline
 
     cfg = sweep.cfg
@@ -580,8 +569,6 @@ def _diagnose(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: 
 def _profile_champion(champion: RungOutcome, sweep: Sweep):
     """The champion's decode step under its engine's profiler; None (with the reason tagged) when there is no
     decode step or the profiler fails — that costs the table, not the sweep."""
-    from experiments import profiling
-
     cfg, rules = sweep.cfg, sweep.cfg.diagnosis
     if not champion.candidate.target.decodes:
         tracking.set_tag("roi.diagnosis.framework_profile", "not applicable: the profile is of a decode step, and "
@@ -589,12 +576,17 @@ def _profile_champion(champion: RungOutcome, sweep: Sweep):
         return None
     try:
         with sweep.ui.stage(f"diagnosis: profiling {champion.name}'s decode step"):
-            engine = build_engine(champion.candidate, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
-            try:
-                ids = [t for p in sweep.workload.prompts for t in p.token_ids][:int(rules.profile.prompt_tokens)]
-                profile = profiling.profile_decode(engine, ids, int(rules.profile.decode_steps))
-            finally:
-                engine.close()
+            ids = [t for p in sweep.workload.prompts for t in p.token_ids][:int(rules.profile.prompt_tokens)]
+            job = (champion.candidate, int(cfg.threads), Path(cfg.cache_dir) / "artefacts", ids,
+                   int(rules.profile.decode_steps))
+            if not cfg.isolation.enabled:
+                profile = _profile_decode(*job)
+            else:   # a profiler that crashes costs the table, not the sweep (nor every resume of it)
+                done = isolation.run(_profile_decode, job, isolation.Limits.for_rung(cfg.isolation, "diagnosis"),
+                                     sweep.logs / "diagnosis-profile.log")
+                if done.failure:
+                    raise RuntimeError(done.failure)
+                profile = done.value
         tracking.log_text(profile.to_markdown(int(rules.profile.top_ops)), "diagnosis/framework_profile.md")
         mlflow.log_metrics(profile.to_metrics())
         return profile
@@ -602,6 +594,16 @@ def _profile_champion(champion: RungOutcome, sweep: Sweep):
         log.exception("profiling the champion failed")
         tracking.set_tag("roi.diagnosis.framework_profile", f"failed: {type(exc).__name__}: {str(exc)[:400]}")
         return None
+
+
+def _profile_decode(cand: Candidate, threads: int, artefacts: Path, ids: list[int], steps: int):
+    from experiments import profiling
+
+    engine = build_engine(cand, threads, artefacts)
+    try:
+        return profiling.profile_decode(engine, ids, steps)
+    finally:
+        engine.close()
 
 
 def _diagnose_model_layer(report) -> None:

@@ -1,13 +1,16 @@
 """The sweep's ledger: what a sweep has done, written atomically after every step, so that running the same sweep
 again after a crash, a reboot or a SIGKILL continues where it stopped.
 
-`<data_dir>/ledger/<experiment>--<target>.json` holds the ids a person may look for (parent and rung MLflow runs,
-verdicts, recipes and model folders); a signed pickle beside it holds what the next rungs need from the finished
-ones (their measurements, the baseline's reference scores). Each rung's key chains the sweep-wide config with
-the configs of every rung up to it: changing one rung invalidates that rung and those after it, nothing before.
+`<data_dir>/ledger/<experiment>--<target>--<sweep key>.json` holds the ids a person may look for (parent and rung
+MLflow runs, verdicts, recipes and model folders); a signed pickle beside it holds what the next rungs need from
+the finished ones (their measurements, the baseline's reference scores). The sweep key covers the config but the
+ladder, and the machine; each rung's key chains it with the configs of every rung up to it: changing one rung
+invalidates that rung and those after it, nothing before. A lock held for the sweep's life keeps a second copy of
+the same sweep from writing the same ledger.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
 import json
@@ -20,30 +23,31 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from experiments.tracking import slug
+from experiments import tracking
+from experiments.errors import ConfigError
 
-VERSION = 1
-# Not part of what a rung measures: where runs are shown, labels, and the resume switch itself.
-NOT_MEASURED = ("hydra", "ladder", "isolation", "resume", "profile_name")
+VERSION = 2
+# Not part of what a rung measures: where runs are shown, labels, the resume switch, what runs after the ladder
+# (diagnosis, hardware for the roofline) and how rungs are run (isolation; a rung's own limits count for it).
+NOT_MEASURED = ("hydra", "ladder", "isolation", "resume", "profile_name", "diagnosis", "hardware")
 NOT_MEASURED_TRACKING = ("ui_host", "ui_port", "ui_allowed_hosts", "ui_cors_allowed_origins")
 
 
-def sweep_key(cfg) -> str:
-    """What every rung's measurements depend on: the whole resolved config but the ladder and the labels."""
+def sweep_key(cfg, machine: dict) -> str:
+    """What every rung's measurements depend on: the resolved config but the ladder and the labels, and the
+    machine (CPU, GPU, library versions: measurements from another one are not kept)."""
     tree = {key: _plain(cfg[key]) for key in cfg if key not in NOT_MEASURED}
     for key in NOT_MEASURED_TRACKING:
         tree.get("tracking", {}).pop(key, None)
-    return _digest(tree)
+    return _digest([tree, {k: v for k, v in machine.items() if k != "git_commit"}])
 
 
-def rung_keys(cfg, names: list[str]) -> dict[str, str]:
-    """name -> a key over the sweep-wide config and every rung's config (and limits) up to this one."""
-    chain, keys = sweep_key(cfg), {}
-    limits = _plain(cfg.isolation)
+def rung_keys(cfg, names: list[str], key: str) -> dict[str, str]:
+    """name -> a key over the sweep key and every rung's config (and own limits) up to this one."""
+    chain, keys = key, {}
+    own_limits = _plain(cfg.isolation.get("rungs")) or {}
     for name in names:
-        rung = _plain(cfg.ladder.rungs[name])
-        own_limits = (limits.get("rungs") or {}).get(name)
-        chain = _digest([chain, name, rung, {k: v for k, v in limits.items() if k != "rungs"}, own_limits])
+        chain = _digest([chain, name, _plain(cfg.ladder.rungs[name]), own_limits.get(name)])
         keys[name] = chain
     return keys
 
@@ -73,55 +77,80 @@ class Resume:
 
 
 class Ledger:
-    def __init__(self, data_dir: Path, experiment: str, target: str):
+    def __init__(self, data_dir: Path, experiment: str, target: str, key: str):
         folder = Path(data_dir) / "ledger"
-        folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / f"{slug(experiment)}--{slug(target)}.json"
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.key = key
+        self.path = folder / f"{tracking.slug(experiment)}--{tracking.slug(target)}--{key[:12]}.json"
         self.state_path = self.path.with_suffix(".state")
-        self._key = _secret(folder / ".hmac-key")
+        self._secret = _secret(folder / ".hmac-key")
+        self._lock = None
         self.doc: dict = {}
 
+    def lock(self) -> None:
+        """Held until this process ends: one copy of a sweep at a time writes its ledger."""
+        self._lock = open(self.path.with_suffix(".lock"), "a+")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.seek(0)
+            holder = self._lock.read().strip() or "another process"
+            raise ConfigError(f"the same sweep (experiment, target and config) is already running here ({holder}), "
+                              f"and its ledger {self.path.name} is locked",
+                              "wait for it, stop it (Ctrl-C: the same command resumes it later), or change the config "
+                              "or the experiment name to run another one") from None
+        self._lock.truncate(0)
+        self._lock.write(f"pid {os.getpid()}")
+        self._lock.flush()
+
     # --- reading ------------------------------------------------------------------------------------------
-    def resumable(self, key: str, keys: dict[str, str]) -> tuple[Resume | None, str]:
+    def resumable(self, keys: dict[str, str]) -> tuple[Resume | None, str]:
         """(what to keep, why) — None with the reason when the sweep starts afresh."""
         try:
             doc = json.loads(self.path.read_text())
+            entries = [Entry(**e) for e in doc.get("rungs", [])]
         except FileNotFoundError:
-            return None, "no earlier sweep of this experiment and target"
-        except (OSError, ValueError) as exc:
-            return None, f"the ledger {self.path} is unreadable ({exc}); a new sweep starts"
+            return None, "no unfinished sweep with this config"
+        except (OSError, ValueError, TypeError) as exc:
+            return None, f"the ledger {self.path.name} is unreadable ({exc}): a new sweep starts"
         if doc.get("version") != VERSION or doc.get("status") == "finished":
-            return None, "the last sweep finished"
-        if doc.get("sweep_key") != key:
-            return None, "the last sweep was unfinished, but its config differs beyond the ladder: a new sweep starts"
-        entries = [Entry(**e) for e in doc.get("rungs", [])]
+            return None, "the last sweep with this config finished"
         state = self._read_state()
         kept: list[Entry] = []
         for entry in entries:
-            if entry.status != "done" or keys.get(entry.name) != entry.key or entry.name not in state.get("outcomes", {}):
+            if entry.status != "done" or keys.get(entry.name) != entry.key or \
+                    state.get("keys", {}).get(entry.name) != entry.key:
                 break
             kept.append(entry)
         stale = entries[len(kept):]
-        return Resume(doc["parent_run_id"], doc["sweep_id"], kept, stale, state), (
-            f"resuming sweep {doc['sweep_id']}: {len(kept)} rung(s) done and kept"
-            + (f", {len(stale)} to redo ({', '.join(e.name + ' ' + (e.status if e.status == 'running' else 'changed') for e in stale)})"
-               if stale else ""))
+        why = f"resuming sweep {doc['sweep_id']}: {len(kept)} rung(s) done and kept"
+        if stale:
+            why += f", {len(stale)} to redo (" + ", ".join(
+                f"{e.name} {'interrupted' if e.status == 'running' else 'changed'}" for e in stale) + ")"
+        if doc.get("git_commit") != tracking.git_commit():
+            why += f"; the code changed since (commit {doc.get('git_commit')} -> {tracking.git_commit()})"
+        return Resume(doc["parent_run_id"], doc["sweep_id"], kept, stale, state), why
 
     def _read_state(self) -> dict:
-        """The signed pickle; anything that does not verify is ignored (those rungs are redone), never loaded."""
+        """The signed pickle; anything that does not verify or load is ignored (those rungs are redone)."""
         try:
             blob = self.state_path.read_bytes()
         except OSError:
             return {}
         signature, payload = blob[:32], blob[32:]
-        if not hmac.compare_digest(signature, hmac.new(self._key, payload, hashlib.sha256).digest()):
+        if not hmac.compare_digest(signature, hmac.new(self._secret, payload, hashlib.sha256).digest()):
             return {}
-        return pickle.loads(payload)   # signed with this data dir's own key: written by a sweep, not a user
+        try:
+            state = pickle.loads(payload)   # signed with this data dir's own key: written by a sweep, not a user
+        except Exception:  # noqa: BLE001  (written by older code: its classes moved; redo, do not crash)
+            return {}
+        return state if isinstance(state, dict) and state.get("version") == VERSION else {}
 
     # --- writing ------------------------------------------------------------------------------------------
-    def begin(self, key: str, parent_run_id: str, sweep_id: str, kept: list[Entry]) -> None:
-        self.doc = {"version": VERSION, "sweep_key": key, "parent_run_id": parent_run_id, "sweep_id": sweep_id,
-                    "status": "running", "pid": os.getpid(), "rungs": [asdict(e) for e in kept]}
+    def begin(self, parent_run_id: str, sweep_id: str, kept: list[Entry]) -> None:
+        self.doc = {"version": VERSION, "sweep_key": self.key, "parent_run_id": parent_run_id, "sweep_id": sweep_id,
+                    "status": "running", "pid": os.getpid(), "git_commit": tracking.git_commit(),
+                    "rungs": [asdict(e) for e in kept]}
         self._write()
 
     def started(self, name: str, key: str, run_id: str) -> None:
@@ -134,8 +163,9 @@ class Ledger:
 
     def done(self, entry_update: dict, state: dict) -> None:
         """The rung's outcome first (signed state), then the ledger that points at it."""
-        payload = pickle.dumps(state)
-        _atomic_write(self.state_path, hmac.new(self._key, payload, hashlib.sha256).digest() + payload)
+        keys = {e["name"]: e["key"] for e in self.doc["rungs"]}
+        payload = pickle.dumps({**state, "version": VERSION, "keys": keys})
+        _atomic_write(self.state_path, hmac.new(self._secret, payload, hashlib.sha256).digest() + payload)
         self.doc["rungs"][-1].update(entry_update, status="done", pid=None,
                                      finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         self._write()
@@ -147,6 +177,36 @@ class Ledger:
 
     def _write(self) -> None:
         _atomic_write(self.path, json.dumps(self.doc, indent=1, default=str).encode())
+
+
+def restore(resume: Resume, kind, scores: dict) -> list:
+    """The finished rungs' outcomes, and what later rungs need from them: the baseline's reference scores
+    (fidelity is always against it) and the cache of scores measured on the same numerics."""
+    kept = [resume.state["outcomes"][e.name] for e in resume.kept]
+    names = {o.name for o in kept}
+    scores.update({k: v for k, v in resume.state.get("scores", {}).items() if v[2] in names})
+    if names:
+        kind.reference = resume.state.get("reference")
+    return kept
+
+
+def mark_stale(resume: Resume, experiment_id: str) -> None:
+    """Runs of the earlier attempt that will be redone: one still RUNNING (the sweep died during it, whether or
+    not the ledger had recorded it yet) is KILLED; a finished one whose config changed is superseded."""
+    from mlflow.tracking import MlflowClient
+
+    kept = {e.run_id for e in resume.kept}
+    running = MlflowClient().search_runs([experiment_id], max_results=10_000, filter_string=(
+        f"tags.mlflow.parentRunId = '{resume.parent_run_id}' and attributes.status = 'RUNNING'"))
+    for run in running:
+        if run.info.run_id not in kept:
+            tracking.mark_run(run.info.run_id, {"roi.verdict": "interrupted", "roi.reason": "the sweep stopped "
+                              "during this rung (killed, crashed or stopped at once); the resumed sweep redoes it"},
+                              "KILLED")
+    for entry in resume.stale:
+        if entry.status == "done" and tracking.run_status(entry.run_id) is not None:
+            tracking.mark_run(entry.run_id, {"roi.superseded": "its config, or an earlier rung's, changed; the "
+                                             "resumed sweep redoes it"})
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -176,6 +236,8 @@ def _secret(path: Path) -> bytes:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(key)
+            f.flush()
+            os.fsync(f.fileno())
         try:
             os.link(tmp, path)         # two sweeps starting at once (a multirun) agree on one key
         except FileExistsError:

@@ -195,13 +195,14 @@ def write_json(obj, artifact_path: str) -> None:
     mlflow.log_text(scrub_text(json.dumps(scrub_tree(obj), indent=2, default=str)), artifact_path)
 
 
-def log_config(cfg) -> None:
-    """The resolved config as params (flattened) and as `config/resolved.yaml`, secrets masked in both."""
+def log_config(cfg, path: str = "config/resolved.yaml", params: bool = True) -> None:
+    """The resolved config as params (flattened) and as a YAML artefact, secrets masked in both."""
     from omegaconf import OmegaConf
 
     resolved = scrub_tree(OmegaConf.to_container(cfg, resolve=True))
-    log_params(flatten(resolved))
-    log_text(OmegaConf.to_yaml(OmegaConf.create(resolved)), "config/resolved.yaml")
+    if params:
+        log_params(flatten(resolved))
+    log_text(OmegaConf.to_yaml(OmegaConf.create(resolved)), path)
 
 
 def prepare_store(cfg) -> None:

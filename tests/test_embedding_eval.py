@@ -1,6 +1,5 @@
 """Embedding candidates: retrieval and cosine math on known answers, the stdlib retrieval set, and real MiniLM."""
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -128,9 +127,7 @@ def test_judge_passes_at_the_thresholds_and_fails_below_either():
 
 # --- the retrieval set -----------------------------------------------------------------------------------
 def test_retrieval_set_is_deterministic_sized_and_not_leaky():
-    started = time.perf_counter()
     first = RetrievalSet.from_stdlib(200, seed=0)
-    assert time.perf_counter() - started < 5
     assert first == RetrievalSet.from_stdlib(200, seed=0)
     assert first != RetrievalSet.from_stdlib(200, seed=1)
     assert len(first.queries) == len(first.passages) == len(first.relevant) == 200

@@ -62,8 +62,10 @@ def test_segfault_memory_blowup_and_hang_fail_with_reasons_and_the_sweep_finishe
 
 
 def _ledger(data):
+    found = list((data / "ledger").glob("roi-ladder_tiny-llm--tiny-llm--*.json"))   # one sweep config: one ledger
+    assert len(found) <= 1, found
     try:
-        return json.loads((data / "ledger" / "roi-ladder_tiny-llm--tiny-llm.json").read_text())
+        return json.loads(found[0].read_text()) if found else {}
     except (FileNotFoundError, ValueError):
         return {}
 
@@ -120,6 +122,9 @@ def test_ctrl_c_then_sigkill_then_resume_leaves_one_run_per_rung(tmp_path):
     runs = _runs(tmp_path)
     parents = [r for r in runs if r.data.tags.get("roi.kind") == "sweep"]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED" and "roi.resumed" in parents[0].data.tags
+    configs = [a.path for a in MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db").list_artifacts(
+        parents[0].info.run_id, "config")]
+    assert "config/resolved.yaml" in configs and len([c for c in configs if "resumed-" in c]) == 2
     by_rung = {}
     for r in runs:
         if r.data.tags.get("roi.kind") == "rung":
