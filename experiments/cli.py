@@ -63,7 +63,7 @@ def _registry_command(command: str, argv: list[str]) -> int:
 
     from hydra.errors import HydraException
 
-    from experiments import registry, tracking
+    from experiments import registry
     from experiments.console import quiet_libraries
     from experiments.errors import ConfigError
 
@@ -82,7 +82,6 @@ def _registry_command(command: str, argv: list[str]) -> int:
     quiet_libraries()
     try:
         tracking_cfg = _compose(overrides).tracking
-        tracking.prepare_store(tracking_cfg)
         if command == "promote":
             r = registry.promote(tracking_cfg, args.run, args.name)
             print(f"promoted run {r.run_id}: {r.model_name} version {r.version} is the champion "
@@ -110,7 +109,7 @@ def _http_command(command: str, argv: list[str]) -> int:
 
     from hydra.errors import HydraException
 
-    from experiments import endpoint, tracking
+    from experiments import endpoint
     from experiments.console import SweepConsole, level_table, quiet_libraries
     from experiments.errors import ConfigError
     from experiments.serving.http_client import PROMPT_FORMATS
@@ -142,7 +141,6 @@ def _http_command(command: str, argv: list[str]) -> int:
                 pass
             ui.console.print("stopped.")
         else:
-            tracking.prepare_store(cfg.tracking)
             result = endpoint.bench_endpoint(cfg, args.endpoint, args.model, args.prompt_format, ui)
             ui.console.print(level_table(result.report, f"{args.endpoint} · {result.model}"))
             ui.console.print(f"Logged run endpoint-bench ({result.run_id}) to {cfg.tracking.uri}.")

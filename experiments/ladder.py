@@ -178,8 +178,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     rungs = validate(cfg)
     data_dir = Path(cfg.data_dir)
-    tracking.prepare_store(cfg.tracking)             # jobs of a parallel launcher may reach a fresh store at once
-    experiment_id = tracking.connect(cfg.tracking)   # fails fast on a bad tracking URI
+    experiment_id = tracking.connect(cfg.tracking)   # fails fast on a bad tracking URI; safe for parallel jobs
     env = Env.detect()
     with ui.stage("target: building or loading the model"):
         target, texts, shipped_tasks = resolve(cfg.target, Path(cfg.cache_dir), data_dir, ui.note)

@@ -20,8 +20,14 @@ PROBE_TIMEOUT_S = 5.0
 
 
 def connect(cfg) -> str:
-    """Point MLflow at the configured store and return the experiment id (created with an explicit
-    artefact location, or artefacts would land in the CWD). A store that cannot be used is a ConfigError."""
+    """Point MLflow at the configured store and return the experiment id; a store that cannot be used is a
+    ConfigError. Safe for jobs that reach one store at once (Hydra's joblib, submitit or ray launchers): MLflow
+    creates a fresh sqlite store's tables unguarded on first use, so they are created here under an exclusive
+    lock on a file beside the database, and of two jobs creating one experiment the loser takes the winner's.
+    The experiment gets an explicit artefact location under tracking.artifact_root (or artefacts would land in
+    the CWD); without one (tracking=server) the server's, and artefacts go through the server."""
+    import fcntl
+
     uri, shown = str(cfg.uri), scrub_text(str(cfg.uri))
     if not str(cfg.experiment or "").strip():
         raise ConfigError("tracking.experiment is empty",
@@ -30,15 +36,27 @@ def connect(cfg) -> str:
         _probe_server(uri, str(cfg.experiment))
     try:
         if uri.startswith("sqlite:///"):
-            Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            db = Path(uri.removeprefix("sqlite:///"))
+            db.parent.mkdir(parents=True, exist_ok=True)
+            with open(db.with_name(db.name + ".init-lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                MlflowClient(tracking_uri=uri).search_experiments(max_results=1)   # creates and migrates tables
         mlflow.set_tracking_uri(uri)
         client = MlflowClient()
         exp = client.get_experiment_by_name(cfg.experiment)
         if exp is not None:
             return exp.experiment_id
-        root = Path(cfg.artifact_root)
-        root.mkdir(parents=True, exist_ok=True)
-        return client.create_experiment(cfg.experiment, artifact_location=(root / slug(cfg.experiment)).as_uri())
+        location = None
+        if cfg.get("artifact_root"):
+            root = Path(cfg.artifact_root)
+            root.mkdir(parents=True, exist_ok=True)
+            location = (root / slug(cfg.experiment)).as_uri()
+        try:
+            return client.create_experiment(cfg.experiment, artifact_location=location)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            return client.get_experiment_by_name(cfg.experiment).experiment_id   # another job created it first
     except (MlflowException, OSError) as exc:
         reason = scrub_text(" ".join(str(exc).split()))[:300]
         raise ConfigError(f"the MLflow store tracking.uri={shown} cannot be used ({reason})",
@@ -203,44 +221,3 @@ def log_config(cfg, path: str = "config/resolved.yaml", params: bool = True) -> 
     if params:
         log_params(flatten(resolved))
     log_text(OmegaConf.to_yaml(OmegaConf.create(resolved)), path)
-
-
-def prepare_store(cfg) -> None:
-    """Ready the store for sweeps that write to it at once (Hydra's joblib, submitit or ray launchers), then
-    leave the rest to connect(). MLflow creates a fresh sqlite store's tables unguarded on first use, so two first
-    uses race on `CREATE TABLE`: here they are created under an exclusive lock on a file beside the database.
-    Two jobs creating one experiment race on its unique name: the loser takes the winner's. Without
-    tracking.artifact_root (tracking=server) the experiment gets the server's artefact root, and artefacts go
-    through the server rather than to a path on this machine."""
-    import fcntl
-
-    uri, shown = str(cfg.uri), scrub_text(str(cfg.uri))
-    if not str(cfg.experiment or "").strip():
-        return                                    # connect() says what is wrong
-    if uri.startswith(("http://", "https://")):
-        _probe_server(uri, str(cfg.experiment))
-    try:
-        if uri.startswith("sqlite:///"):
-            db = Path(uri.removeprefix("sqlite:///"))
-            db.parent.mkdir(parents=True, exist_ok=True)
-            with open(db.with_name(db.name + ".init-lock"), "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-                MlflowClient(tracking_uri=uri).search_experiments(max_results=1)   # creates and migrates tables
-        client = MlflowClient(tracking_uri=uri)
-        if client.get_experiment_by_name(cfg.experiment) is not None:
-            return
-        location = None
-        if cfg.get("artifact_root"):
-            root = Path(cfg.artifact_root)
-            root.mkdir(parents=True, exist_ok=True)
-            location = (root / slug(cfg.experiment)).as_uri()
-        try:
-            client.create_experiment(cfg.experiment, artifact_location=location)
-        except MlflowException as exc:
-            if exc.error_code != "RESOURCE_ALREADY_EXISTS":   # another job created it first: connect() finds it
-                raise
-    except (MlflowException, OSError) as exc:
-        reason = scrub_text(" ".join(str(exc).split()))[:300]
-        raise ConfigError(f"the MLflow store tracking.uri={shown} cannot be used ({reason})",
-                          "set tracking.uri to sqlite:///<file>, a file: folder or a running http(s) MLflow server "
-                          "(tracking=local is the default store under data_dir)") from None

@@ -60,12 +60,11 @@ def _check_sweep(experiment: str, parent, kids, target: str) -> None:
 
 # --- the store made ready for parallel writers (fast) ------------------------------------------------------
 def _prepare_in_process(uri: str, root: str, barrier, out) -> None:
-    from experiments.tracking import connect, prepare_store
+    from experiments.tracking import connect
 
     cfg = OmegaConf.create({"uri": uri, "artifact_root": root, "experiment": "roi-ladder/shared"})
     barrier.wait()
     try:
-        prepare_store(cfg)
         out.put(connect(cfg))
     except Exception as exc:  # noqa: BLE001 (reported to the test, which fails on it)
         out.put(f"{type(exc).__name__}: {exc}")

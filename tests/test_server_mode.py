@@ -30,7 +30,6 @@ def test_a_run_recorded_with_tracking_server_lands_in_postgresql_and_its_artefac
         wait_healthy(port, server)
         uri = f"http://127.0.0.1:{port}"
         cfg = compose(["tracking=server", f"tracking.uri={uri}", f"data_dir={tmp_path / 'data'}"]).tracking
-        tracking.prepare_store(cfg)
         experiment_id = tracking.connect(cfg)
         with tracking.run("server-mode", experiment_id, tags={"roi.kind": "sweep"}) as run:
             tracking.log_text("hello", "config/resolved.yaml")
@@ -42,7 +41,7 @@ def test_a_run_recorded_with_tracking_server_lands_in_postgresql_and_its_artefac
         assert not (tmp_path / "data").exists()                                # nothing written beside the client
         rows = pg.count_rows(("experiments", "runs", "metrics"))
         assert rows["runs"] == 1 and rows["metrics"] == 1 and rows["experiments"] == 2    # + MLflow's Default
-        tracking.prepare_store(cfg)                                              # again: finds it, creates none
+        tracking.connect(cfg)                                                    # again: finds it, creates none
         assert pg.count_rows(("experiments",))["experiments"] == 2
     finally:
         mlflow.set_tracking_uri(previous)
