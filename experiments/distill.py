@@ -12,14 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from experiments.models.tiny_llm import adamw_warmup_cosine, manifest_ok, write_manifest
+from experiments.cache import build_once
+from experiments.models.tiny_llm import adamw_warmup_cosine
 
 log = logging.getLogger(__name__)
 
@@ -88,26 +88,15 @@ def distill(teacher_dir: Path, texts: list[str], settings: DistillSettings, cach
     teacher_dir = Path(teacher_dir)
     key = student_key(teacher_dir, texts, settings)
     out = Path(cache_dir) / "students" / f"student-{settings.student_layers}L-{key}"
-    if out.exists():
-        if manifest_ok(out):
-            return _result(out, reused=True, seconds=time.perf_counter() - started)
-        progress(f"cached student at {out} failed its checksum; distilling it again")
-        shutil.rmtree(out)
-    tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        record = _build(teacher_dir, texts, settings, threads, progress, tmp)
+    record = {}
+
+    def build(tmp: Path) -> None:
+        record.update(_build(teacher_dir, texts, settings, threads, progress, tmp))
         record["train_seconds"] = round(time.perf_counter() - started, 2)
         (tmp / "distill.json").write_text(json.dumps(record, indent=2))
-        write_manifest(tmp)
-        if out.exists() and manifest_ok(out):   # another process finished the same student first
-            shutil.rmtree(tmp)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    if build_once(out, build, "cached student", progress):
+        return _result(out, reused=True, seconds=time.perf_counter() - started)
     progress(f"distilled a {settings.student_layers}-layer student in {record['train_seconds']} s "
              f"(KD loss {record['final_kd_loss']:.3f}, CE {record['final_ce_loss']:.3f})")
     return _result(out, reused=False, seconds=time.perf_counter() - started)

@@ -5,6 +5,7 @@ import gc
 import json
 import logging
 import os
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -137,6 +138,16 @@ def check_required(cfg: DictConfig, rungs: list[tuple[str, Optimizer]], env: Env
                                        "to let the sweep skip it")
 
 
+def check_writable(data_dir: Path) -> None:
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=data_dir, prefix=".write-probe-"):   # unique: sweeps run in parallel
+            pass
+    except OSError as exc:
+        raise ConfigError(f"data directory {data_dir} is not writable ({exc.strerror})",
+                          "set data_dir=... or ROI_LADDER_HOME to a writable folder") from None
+
+
 def validate(cfg: DictConfig, env: Env | None = None) -> list[tuple[str, Optimizer]]:
     check_source(cfg.target)
     if not str(cfg.threads).isdigit() or int(cfg.threads) < 1:
@@ -157,15 +168,7 @@ def validate(cfg: DictConfig, env: Env | None = None) -> list[tuple[str, Optimiz
     if obj.concurrency != "max" and (not str(obj.concurrency).isdigit() or int(obj.concurrency) not in levels):
         raise ConfigError(f"gate.objective.concurrency={obj.concurrency} is not a measured level {levels}",
                           "add it to benchmark.concurrency or pick one of the levels")
-    data_dir = Path(cfg.data_dir)
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        probe = data_dir / ".write-probe"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"data directory {data_dir} is not writable ({exc.strerror})",
-                          "set data_dir=... or ROI_LADDER_HOME to a writable folder") from None
+    check_writable(Path(cfg.data_dir))
     if cfg.target.kind == "causal-lm" and cfg.accuracy.include_path:   # shipped tasks are known once built
         check_tasks(list(cfg.accuracy.tasks), Path(cfg.accuracy.include_path))
     rungs = load_rungs(cfg)

@@ -12,7 +12,7 @@ import torch
 from experiments.distill import (DistillSettings, distill, init_student, kept_layers, mean_kl, student_key,
                                  token_stream)
 from experiments.models.corpus import Corpus
-from experiments.models.tiny_llm import manifest_ok
+from experiments.cache import manifest_ok
 from experiments.slo import SLO
 from optimizers.base import Candidate, Env, Recipe, Target
 from optimizers.distillation import Distillation

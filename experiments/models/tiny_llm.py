@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from experiments.cache import build_once, write_atomic
 from experiments.models.corpus import Corpus, code_lines
 
 log = logging.getLogger(__name__)
@@ -61,27 +62,22 @@ def ensure_built(recipe: TinyLlmRecipe, data_dir: Path, progress: Callable[[str]
     """Return the folder of the built model, building it only if no valid cached copy exists."""
     corpus = Corpus.from_stdlib(recipe.heldout_every)
     out = Path(data_dir) / "models" / f"tiny-llm-{recipe.key(corpus)}"
-    if out.exists():
-        if manifest_ok(out):
-            return out
-        progress(f"cached model at {out} failed its checksum; rebuilding it")
-        shutil.rmtree(out)
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    started = time.perf_counter()
-    tokenizer = _train_tokenizer(recipe, corpus, tmp)
-    progress(f"tokenizer trained ({tokenizer.vocab_size} tokens); training {recipe.steps} steps")
-    model, final_loss = _train_model(recipe, corpus, tokenizer, progress)
-    model.save_pretrained(tmp, safe_serialization=True)
-    _write_task(recipe, corpus, tmp)
-    build = {"recipe": asdict(recipe), "corpus": corpus.fingerprint, "final_train_loss": final_loss,
-             "build_seconds": round(time.perf_counter() - started, 1),
-             "parameters": sum(p.numel() for p in model.parameters())}
-    (tmp / "build.json").write_text(json.dumps(build, indent=2))
-    write_manifest(tmp)
-    tmp.rename(out)
-    progress(f"built tiny-llm in {build['build_seconds']} s (final train loss {final_loss:.3f})")
+    built = {}
+
+    def build(tmp: Path) -> None:
+        started = time.perf_counter()
+        tokenizer = _train_tokenizer(recipe, corpus, tmp)
+        progress(f"tokenizer trained ({tokenizer.vocab_size} tokens); training {recipe.steps} steps")
+        model, final_loss = _train_model(recipe, corpus, tokenizer, progress)
+        model.save_pretrained(tmp, safe_serialization=True)
+        _write_task(recipe, corpus, tmp)
+        built.update(recipe=asdict(recipe), corpus=corpus.fingerprint, final_train_loss=final_loss,
+                     build_seconds=round(time.perf_counter() - started, 1),
+                     parameters=sum(p.numel() for p in model.parameters()))
+        (tmp / "build.json").write_text(json.dumps(built, indent=2))
+
+    if not build_once(out, build, "cached model", progress):
+        progress(f"built tiny-llm in {built['build_seconds']} s (final train loss {built['final_train_loss']:.3f})")
     return out
 
 
@@ -200,27 +196,5 @@ def task_include_path(model_dir: Path, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     for yaml in task_dir(model_dir).glob("*.yaml"):
         data = (yaml.parent / f"{yaml.stem}.jsonl").resolve()
-        (dest / yaml.name).write_text(yaml.read_text().replace("@DATA@", str(data)))
+        write_atomic(dest / yaml.name, yaml.read_text().replace("@DATA@", str(data)))   # another sweep may read it
     return dest
-
-
-# --- cache integrity ------------------------------------------------------------------------------------
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def write_manifest(folder: Path) -> None:
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "manifest.json")
-    manifest = {str(p.relative_to(folder)): _digest(p) for p in files}
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
-
-
-def manifest_ok(folder: Path) -> bool:
-    mf = folder / "manifest.json"
-    if not mf.exists():
-        return False
-    try:
-        manifest = json.loads(mf.read_text())
-    except json.JSONDecodeError:
-        return False
-    return all((folder / rel).is_file() and _digest(folder / rel) == sha for rel, sha in manifest.items())
