@@ -51,7 +51,7 @@ class SweepConsole:
                            f"— {outcome.verdict.reason}")
 
     def summary(self, result, top: int, tracking_uri: str) -> None:
-        from experiments.ladder import RungOutcome
+        from experiments.outcome import RungOutcome
 
         table = Table(title="ROI ladder", show_lines=True)
         first = result.outcomes[0].candidate if result.outcomes else None

@@ -8,9 +8,12 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import tracking
-from experiments.benchmark import BenchmarkReport, Workload, check_load, run_ladder, serve
+from experiments.benchmark import BenchmarkReport, run_ladder
+from experiments.load import check_load
+from experiments.serving.servers import serve
+from experiments.workload import Workload
 from experiments.errors import ConfigError
-from experiments.ladder import load_rungs
+from experiments.validation import load_rungs
 from experiments.targets import resolve
 from optimizers.base import Candidate, Env
 

@@ -14,7 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 from omegaconf import OmegaConf
 
-from experiments.benchmark import LevelReport, Workload, run_level, serve
+from experiments.level import LevelReport
+from experiments.load import run_level
+from experiments.serving.servers import serve
+from experiments.workload import Workload
 from experiments.errors import ConfigError
 from experiments.serving.engine import Engine
 from experiments.stats import min_rounds, summary_stat

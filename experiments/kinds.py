@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.accuracy import AccuracyReport, check_tasks, evaluate
-from experiments.benchmark import Workload
+from experiments.workload import Workload
 from experiments.errors import ConfigError
 from experiments.gate import Criterion
 

@@ -23,7 +23,9 @@ import numpy as np
 import psutil
 from scipy import stats
 
-from experiments.benchmark import ResourceSampler, Workload, _closed_loop
+from experiments.load import closed_loop
+from experiments.resources import ResourceSampler
+from experiments.workload import Workload
 from experiments.errors import ConfigError
 from experiments.gate import Criterion
 from experiments.stats import ratio_ci
@@ -106,7 +108,7 @@ def run_soak(server, workload: Workload, cfg, concurrency: int, on_window=lambda
         offset = sent % len(prompts)             # keep cycling through the whole workload, window after window
         with ResourceSampler(min(0.25, cfg.window_s / 8)) as res:
             start = time.perf_counter()
-            records = _closed_loop(server, prompts[offset:] + prompts[:offset], concurrency, 0, cfg.window_s,
+            records = closed_loop(server, prompts[offset:] + prompts[:offset], concurrency, 0, cfg.window_s,
                                    cfg.window_s, cfg.request_timeout_s)
             took = time.perf_counter() - start
         sent += len(records)

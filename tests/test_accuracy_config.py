@@ -99,7 +99,7 @@ def test_bad_gate_config_is_refused_with_what_to_do(override, words):
 
 
 def test_the_shipped_gate_config_passes_and_the_ladder_validates_it(tmp_path):
-    from experiments.ladder import validate
+    from experiments.validation import validate
 
     check_config(compose().gate)
     check_config(compose(["gate.accuracy.max_drop_rel=0.05"]).gate)

@@ -15,7 +15,7 @@ from conftest import compose
 from experiments import cli, tracking
 from experiments.artefacts import cached
 from experiments.errors import ConfigError
-from experiments.ladder import validate
+from experiments.validation import validate
 from optimizers.base import Env
 
 CPU = Env(cuda=False, cuda_capability=None, cpu_count=2)

@@ -2,7 +2,10 @@
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.benchmark import Prompt, SequentialServer, Workload, run_benchmark, serve
+from experiments.benchmark import run_benchmark
+from experiments.serving.request import Prompt
+from experiments.serving.servers import SequentialServer, serve
+from experiments.workload import Workload
 from experiments.serving import build_engine
 from experiments.serving.batching import BatchingServer
 from optimizers.base import Candidate, Env

@@ -4,7 +4,9 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.benchmark import Prompt, Workload, run_benchmark
+from experiments.benchmark import run_benchmark
+from experiments.serving.request import Prompt
+from experiments.workload import Workload
 from experiments.serving.engine import Engine
 
 CFG = OmegaConf.create({"concurrency": [1, 3], "warmup_requests": 2, "warmup_s": 0.0, "min_requests": 12,

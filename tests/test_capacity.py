@@ -4,7 +4,9 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.benchmark import BenchmarkReport, LevelReport, Prompt, RequestRecord
+from experiments.benchmark import BenchmarkReport
+from experiments.level import LevelReport
+from experiments.serving.request import Prompt, RequestRecord
 from experiments.capacity import check_config, plan
 from experiments.errors import ConfigError
 from experiments.slo import parse_all

@@ -5,7 +5,7 @@ from hydra.errors import ConfigCompositionException
 
 from conftest import compose
 from experiments.errors import ConfigError
-from experiments.ladder import load_rungs, validate
+from experiments.validation import load_rungs, validate
 from optimizers.base import Candidate, Env, Optimizer, Recipe, Target
 from optimizers.baseline import EagerBaseline
 from optimizers.quantization import WeightQuantization

@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from experiments.benchmark import Prompt, serve
+from experiments.serving.request import Prompt
+from experiments.serving.servers import serve
 from experiments.serving.continuous import ContinuousServer
 from experiments.serving.torch_engine import TorchEngine
 from optimizers.base import Candidate, Env

@@ -5,7 +5,8 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.benchmark import ResourceSeries, run_benchmark
+from experiments.benchmark import run_benchmark
+from experiments.resources import ResourceSeries
 from experiments.diagnose import default_rules, diagnose, resource_layer
 from experiments.profiling import ort_ops, profile_decode
 from experiments.roofline import Hardware, ModelShape, Roofline

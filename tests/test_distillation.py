@@ -228,7 +228,7 @@ def test_skips_without_evidence_or_where_it_cannot_apply(tiny_target):
 
 
 def test_rung_is_built_from_its_yaml(tmp_path):
-    from experiments.ladder import load_rungs
+    from experiments.validation import load_rungs
 
     cfg = compose([f"data_dir={tmp_path}"])
     name, opt = load_rungs(cfg)[-1]

@@ -7,10 +7,11 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import compose
-from experiments.benchmark import Workload, run_benchmark
+from experiments.benchmark import run_benchmark
+from experiments.workload import Workload
 from experiments.embedding_eval import BaselineEmbeddings, judge_cosine
 from experiments.errors import ConfigError
-from experiments.ladder import load_rungs
+from experiments.validation import load_rungs
 from experiments.models.minilm import RetrievalSet, model_dir
 from experiments.serving import build_engine
 from experiments.targets import check_source
@@ -135,7 +136,7 @@ def test_bad_embedding_config_is_refused_before_work(tmp_path):
 
 
 def test_slos_on_latencies_an_encoder_lacks_are_left_out():
-    from experiments.benchmark import ENCODER_METRICS, LATENCY_METRICS
+    from experiments.workload import ENCODER_METRICS, LATENCY_METRICS
     from experiments.slo import applicable, parse_all
 
     slos = parse_all(["p95_ttft_ms<=100", "p99_e2e_ms<=500", "p50_tpot_ms<=5"])

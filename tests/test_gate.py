@@ -2,7 +2,9 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from experiments.accuracy import AccuracyReport
-from experiments.benchmark import BenchmarkReport, LevelReport, Prompt, RequestRecord
+from experiments.benchmark import BenchmarkReport
+from experiments.level import LevelReport
+from experiments.serving.request import Prompt, RequestRecord
 from experiments.gate import Gate, Verdict
 
 GATE = OmegaConf.create({"objective": {"metric": "e2e_ms", "stat": "p50", "concurrency": 1}, "min_gain": 0.05,

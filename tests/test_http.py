@@ -10,7 +10,10 @@ import httpx
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.benchmark import Prompt, SequentialServer, Workload, run_ladder
+from experiments.benchmark import run_ladder
+from experiments.serving.request import Prompt
+from experiments.serving.servers import SequentialServer
+from experiments.workload import Workload
 from experiments.errors import ConfigError
 from experiments.serving.http_client import EndpointServer
 from experiments.serving.http_server import FAILURE_POLL_S, BackgroundServer, bind, create_app, exposure_warning

@@ -6,7 +6,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments import interleaved
-from experiments.benchmark import LevelReport, Prompt, RequestRecord, Workload
+from experiments.level import LevelReport
+from experiments.serving.request import Prompt, RequestRecord
+from experiments.workload import Workload
 from experiments.errors import ConfigError
 from experiments.gate import Gate
 from experiments.interleaved import Rounds

@@ -7,9 +7,10 @@ import time
 import pytest
 
 from conftest import compose
-from experiments.benchmark import Prompt, serve
+from experiments.serving.request import Prompt
+from experiments.serving.servers import serve
 from experiments.errors import ConfigError
-from experiments.ladder import load_rungs
+from experiments.validation import load_rungs
 from experiments.serving.continuous import ContinuousServer
 from experiments.serving.iteration import IterationServer
 from experiments.serving.torch_engine import TorchEngine

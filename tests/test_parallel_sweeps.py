@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from experiments.cache import build_once, manifest_ok
-from experiments.ladder import check_writable
+from experiments.validation import check_writable
 
 WORKERS = 4
 

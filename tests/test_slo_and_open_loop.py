@@ -6,7 +6,7 @@ from omegaconf import OmegaConf
 from conftest import compose
 from experiments.benchmark import run_benchmark
 from experiments.errors import ConfigError
-from experiments.ladder import validate
+from experiments.validation import validate
 from experiments.slo import SLO, sla_capacity
 from test_benchmark import CFG, ScriptedEngine, workload
 

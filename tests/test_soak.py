@@ -10,7 +10,9 @@ from omegaconf import OmegaConf, open_dict
 
 from conftest import compose
 from experiments import tracking
-from experiments.benchmark import Prompt, Workload, serve
+from experiments.serving.request import Prompt
+from experiments.serving.servers import serve
+from experiments.workload import Workload
 from experiments.errors import ConfigError
 from experiments.gate import Criterion
 from experiments.soak import (SoakReport, Window, check_config, concurrency_for, drift_check, error_check,
@@ -147,7 +149,7 @@ def test_bad_soak_settings_each_give_one_clear_error(changes, message):
 
 
 def test_the_sweep_validates_the_soak_first(tmp_path):
-    from experiments.ladder import validate
+    from experiments.validation import validate
 
     cfg = compose([f"data_dir={tmp_path}", "soak.duration_s=60", "soak.warmup_s=240"])
     with pytest.raises(ConfigError, match="warm-up"):
@@ -266,7 +268,7 @@ def sweep(tmp_path):
 
 
 def test_a_challenger_that_failed_a_cheaper_criterion_is_not_soaked(sweep):
-    from experiments.ladder import _soak
+    from experiments.rung import soak_criterion as _soak
 
     failed = [Criterion("performance", True, "ok"), Criterion("accuracy", False, "drop too large")]
     with tracking.run("rung", sweep.experiment_id) as run:
@@ -279,7 +281,7 @@ def test_a_challenger_that_failed_a_cheaper_criterion_is_not_soaked(sweep):
 
 
 def test_a_challenger_that_passed_is_soaked_at_the_objective_level_and_recorded(sweep, torch_engine):
-    from experiments.ladder import _soak
+    from experiments.rung import soak_criterion as _soak
 
     passed = [Criterion("performance", True, "ok")]
     with tracking.run("rung", sweep.experiment_id) as run:

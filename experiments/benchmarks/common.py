@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.benchmark import Workload
+from experiments.workload import Workload
 from experiments.targets import resolve
 from optimizers.base import Candidate
 from optimizers.baseline import EagerBaseline

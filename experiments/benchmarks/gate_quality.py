@@ -32,7 +32,8 @@ from scipy import stats
 
 from experiments import interleaved
 from experiments.accuracy import evaluate
-from experiments.benchmark import BenchmarkReport, Workload
+from experiments.benchmark import BenchmarkReport
+from experiments.workload import Workload
 from experiments.benchmarks.common import compose_default
 from experiments.console import quiet_libraries
 from experiments.fidelity import BaselineLogprobs, fixed_sequences, judge

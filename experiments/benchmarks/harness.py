@@ -13,7 +13,9 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from experiments.benchmark import Prompt, Workload, run_benchmark
+from experiments.benchmark import run_benchmark
+from experiments.serving.request import Prompt
+from experiments.workload import Workload
 from experiments.console import quiet_libraries
 from experiments.serving.engine import Engine
 

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from experiments.benchmark import Prompt, RequestRecord
+from experiments.serving.request import Prompt, RequestRecord
 
 
 def collect_batch(requests: queue.Queue, max_batch: int, max_wait_s: float) -> list[RequestRecord]:

@@ -10,7 +10,7 @@ import queue
 import threading
 import time
 
-from experiments.benchmark import Prompt, RequestRecord
+from experiments.serving.request import Prompt, RequestRecord
 from experiments.serving.batching import collect_batch
 
 

@@ -16,7 +16,7 @@ import time
 
 import aiohttp
 
-from experiments.benchmark import Prompt, RequestRecord
+from experiments.serving.request import Prompt, RequestRecord
 from experiments.errors import ConfigError
 
 PROMPT_FORMATS = ("ids", "text")

@@ -1,4 +1,4 @@
-"""An OpenAI-compatible HTTP endpoint over a candidate's server (`benchmark.serve(engine)`).
+"""An OpenAI-compatible HTTP endpoint over a candidate's server (`servers.serve(engine)`).
 
 POST /v1/completions (prompt = text or token ids; `stream: true` sends one server-sent event per token),
 GET /v1/models, GET /health. Decoding is greedy and every request produces exactly max_tokens (stop tokens
@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from experiments.benchmark import Prompt, RequestRecord
+from experiments.serving.request import Prompt, RequestRecord
 from experiments.errors import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"

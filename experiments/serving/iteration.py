@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from experiments.benchmark import Prompt, RequestRecord
+from experiments.serving.request import Prompt, RequestRecord
 from experiments.serving.continuous import KvUsage
 
 

@@ -1,0 +1,64 @@
+"""What a sweep produced: each rung's outcome (verdict, candidate, measurements) and the ladder as a table."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from experiments.accuracy import AccuracyReport
+from experiments.benchmark import BenchmarkReport
+from experiments.fidelity import FidelityReport
+from experiments.gate import Verdict
+from optimizers.base import Candidate
+
+
+@dataclass
+class RungOutcome:
+    name: str
+    verdict: Verdict
+    candidate: Candidate | None = None
+    bench: BenchmarkReport | None = None
+    accuracy: list[AccuracyReport] = field(default_factory=list)
+    capacity: object | None = None     # capacity.CapacityPlan
+    fidelity: FidelityReport | None = None
+    run_id: str | None = None
+    champion_before: "RungOutcome | None" = None
+
+    @staticmethod
+    def columns(decodes: bool, top: int) -> list[tuple[str, str, str]]:
+        """(summary key, header, format) of the ladder table: TTFT and TPOT for a decoder, E2E and
+        embeddings/s for an encoder."""
+        if decodes:
+            return [("ttft_ms_p50", "TTFT p50 ms (c=1)", "%.2f"), ("tpot_ms_p50", "TPOT p50 ms (c=1)", "%.3f"),
+                    ("tokens_per_s", f"tokens/s (c={top})", "%.0f"), ("accuracy", "accuracy", "%.3f")]
+        return [("e2e_ms_p50", "E2E p50 ms (c=1)", "%.2f"), ("tokens_per_s", f"embeddings/s (c={top})", "%.0f"),
+                ("accuracy", "accuracy", "%.3f")]
+
+    def summary(self, top_concurrency: int) -> dict[str, float]:
+        if self.bench is None:
+            return {}
+        c1, top = self.bench.levels[0], self.bench.level(top_concurrency)
+        p50 = lambda m: c1.stats[m].p50.value if c1.stats.get(m) else float("nan")  # noqa: E731
+        out = {"e2e_ms_p50": p50("e2e_ms"), "tokens_per_s": top.output_tokens_per_s}
+        if c1.decodes:
+            out.update(ttft_ms_p50=p50("ttft_ms"), tpot_ms_p50=p50("tpot_ms"))
+        if self.accuracy:
+            out["accuracy"] = self.accuracy[0].value
+        return out
+
+
+@dataclass
+class SweepResult:
+    parent_run_id: str
+    experiment_id: str
+    outcomes: list[RungOutcome]
+    champion: RungOutcome | None
+
+
+def markdown_table(outcomes: list[RungOutcome], top: int) -> str:
+    columns = RungOutcome.columns(outcomes[0].candidate is None or outcomes[0].candidate.target.decodes, top)
+    rows = ["| rung | verdict | " + " | ".join(h for _, h, _ in columns) + " | reason |",
+            "|---|---|" + "---|" * len(columns) + "---|"]
+    for o in outcomes:
+        s = o.summary(top)
+        cells = " | ".join((f % s[k]) if k in s else "–" for k, _, f in columns)
+        rows.append(f"| {o.name} | {o.verdict.status} | {cells} | {o.verdict.reason} |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,103 @@
+"""Everything checked before any long work: the config's values, the data directory, the rungs themselves."""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from experiments import isolation, soak
+from experiments.accuracy import check_tasks
+from experiments.capacity import check_config as check_capacity_config
+from experiments.errors import ConfigError
+from experiments.gate import check_config as check_gate_config
+from experiments.load import check_load
+from experiments.targets import check_source
+from experiments.workload import LATENCY_METRICS
+from optimizers.base import Env, Optimizer
+from optimizers.baseline import EagerBaseline
+
+STATS = ("mean", "p50", "p95", "p99")
+
+
+def load_rungs(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
+    rungs, seen = [], {}
+    for name, rung_cfg in (cfg.ladder.get("rungs") or {}).items():
+        if not isinstance(rung_cfg, DictConfig) or "_target_" not in rung_cfg:
+            raise ConfigError(f"rung {name!r} has no _target_",
+                              "point _target_ at an Optimizer class in optimizers/, as conf/rung/*.yaml do")
+        settings = json.dumps(OmegaConf.to_container(rung_cfg, resolve=True), sort_keys=True)
+        if settings in seen:   # the same recipe climbed twice: a second verdict on one change, twice the time
+            raise ConfigError(f"the ladder lists one rung twice: {name!r} has the same config as {seen[settings]!r}",
+                              f"drop {name!r} from the ladder (or give it different settings)")
+        seen[settings] = name
+        try:
+            opt = instantiate(rung_cfg)
+        except InstantiationException as exc:
+            cause = exc.__cause__ or exc
+            raise ConfigError(f"rung {name!r} could not be built from its config: {cause}",
+                              f"check conf/rung/{name}.yaml: keys must match the optimizer's arguments") from None
+        if not isinstance(opt, Optimizer):
+            raise ConfigError(f"rung {name!r} has _target_ {rung_cfg.get('_target_')}, which is not an Optimizer",
+                              "point _target_ at a class in optimizers/")
+        opt.name = name
+        rungs.append((name, opt))
+    if not rungs or not isinstance(rungs[0][1], EagerBaseline):
+        raise ConfigError("the ladder must start with the baseline rung (the first champion)",
+                          "put `/rung@rungs.baseline: baseline` first in the ladder's defaults")
+    return rungs
+
+
+def check_required(cfg: DictConfig, rungs: list[tuple[str, Optimizer]], env: Env) -> None:
+    """`ladder.required`: rungs this sweep is for. One this machine cannot run (no CUDA device, a missing
+    package) is refused now rather than recorded as skipped after the baseline has been measured."""
+    by_name = dict(rungs)
+    for name in cfg.ladder.get("required") or []:
+        if name not in by_name:
+            raise ConfigError(f"ladder.required names {name!r}, which is not in the ladder ({', '.join(by_name)})",
+                              f"add conf/rung/{name}.yaml to the ladder or drop {name!r} from ladder.required")
+        if reason := by_name[name].machine_check(env):
+            raise ConfigError(f"rung {name!r} is required (ladder.required) but cannot run on this machine: "
+                              f"{reason}", f"run the sweep where it can, or drop {name!r} from ladder.required "
+                                       "to let the sweep skip it")
+
+
+def check_writable(data_dir: Path) -> None:
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=data_dir, prefix=".write-probe-"):   # unique: sweeps run in parallel
+            pass
+    except OSError as exc:
+        raise ConfigError(f"data directory {data_dir} is not writable ({exc.strerror})",
+                          "set data_dir=... or ROI_LADDER_HOME to a writable folder") from None
+
+
+def validate(cfg: DictConfig, env: Env | None = None) -> list[tuple[str, Optimizer]]:
+    check_source(cfg.target)
+    if not str(cfg.threads).isdigit() or int(cfg.threads) < 1:
+        raise ConfigError(f"threads={cfg.threads} is not an integer >= 1",
+                          "set threads to the cores the engine under test may use, e.g. threads=2")
+    bench = cfg.benchmark
+    check_load(bench)
+    levels = [int(round(float(r))) for r in bench.rates] if bench.mode == "open" else list(bench.concurrency)
+    check_capacity_config(cfg.capacity)
+    soak.check_config(cfg.soak)
+    isolation.check_config(cfg.isolation)
+    check_gate_config(cfg.gate)
+    obj = cfg.gate.objective
+    if obj.metric not in LATENCY_METRICS:
+        raise ConfigError(f"gate.objective.metric {obj.metric!r} is unknown", f"use one of {LATENCY_METRICS}")
+    if obj.stat not in STATS:
+        raise ConfigError(f"gate.objective.stat {obj.stat!r} is unknown", f"use one of {STATS}")
+    if obj.concurrency != "max" and (not str(obj.concurrency).isdigit() or int(obj.concurrency) not in levels):
+        raise ConfigError(f"gate.objective.concurrency={obj.concurrency} is not a measured level {levels}",
+                          "add it to benchmark.concurrency or pick one of the levels")
+    check_writable(Path(cfg.data_dir))
+    if cfg.target.kind == "causal-lm" and cfg.accuracy.include_path:   # shipped tasks are known once built
+        check_tasks(list(cfg.accuracy.tasks), Path(cfg.accuracy.include_path))
+    rungs = load_rungs(cfg)
+    check_required(cfg, rungs, env or Env.detect())
+    return rungs
