@@ -15,17 +15,17 @@ from experiments.workload import Workload
 
 def run_level(server, workload: Workload, load: float, cfg, confidence: float) -> LevelReport:
     """One level: warm-up (discarded), then the measured window. `load` is clients (closed) or requests/s (open)."""
-    open_loop = cfg.get("mode", "closed") == "open"
-    if load <= 0 or (not open_loop and int(load) != load):
-        raise ValueError(f"{'rate' if open_loop else 'concurrency'} must be {'> 0' if open_loop else 'an integer >= 1'}"
+    is_open = cfg.get("mode", "closed") == "open"
+    if load <= 0 or (not is_open and int(load) != load):
+        raise ValueError(f"{'rate' if is_open else 'concurrency'} must be {'> 0' if is_open else 'an integer >= 1'}"
                          f", got {load}")
 
     def drive(prompts, min_requests, min_s):
-        if open_loop:
+        if is_open:
             return open_loop(server, prompts, float(load), cfg.get("arrival", "poisson"), cfg.get("gamma_shape", 1.0),
-                              int(cfg.get("seed", 0)), min_requests, min_s, cfg.max_duration_s, cfg.request_timeout_s)
+                             int(cfg.get("seed", 0)), min_requests, min_s, cfg.max_duration_s, cfg.request_timeout_s)
         return closed_loop(server, prompts, int(load), min_requests, min_s, cfg.max_duration_s,
-                            cfg.request_timeout_s)
+                           cfg.request_timeout_s)
 
     drive(workload.warmup, cfg.warmup_requests, cfg.get("warmup_s", 0.0))
     with ResourceSampler(kv_probe=getattr(server, "kv_usage", None)) as sampler:
@@ -34,7 +34,7 @@ def run_level(server, workload: Workload, load: float, cfg, confidence: float) -
         duration = time.perf_counter() - started
     level = LevelReport(concurrency=int(round(load)), duration_s=duration, records=tuple(records), stats={},
                         min_requests_met=len(records) >= cfg.min_requests,
-                        offered_qps=float(load) if open_loop else None, started=started,
+                        offered_qps=float(load) if is_open else None, started=started,
                         resources=sampler.series(), **sampler.summary())
     level.stats.update({m: LatencyStats.from_samples(level.values(m), confidence) for m in workload.metrics})
     return level
