@@ -67,7 +67,9 @@ class SweepConsole:
         champ = result.champion
         self.console.print(f"Champion: [bold]{champ.name if champ else 'none'}[/bold] "
                            f"(run {champ.run_id if champ else '-'}) · sweep run {result.parent_run_id}")
-        self.console.print(f"Next: `make ui` to compare the runs in MLflow ({tracking_uri}).")
+        self.console.print(f"Next: `make ui` to compare the runs in MLflow ({tracking_uri}), then open")
+        for url in result.urls:
+            self.console.print(f"  {url}", soft_wrap=True)
 
 
 FLAG_TEXT = {"stable": "unstable", "p99_claimable": "no P99 claim", "error_rate_ok": "errors > 1 %",

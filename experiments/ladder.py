@@ -10,7 +10,7 @@ from pathlib import Path
 import mlflow
 from omegaconf import DictConfig
 
-from experiments import kinds, ledger, tracking
+from experiments import kinds, ledger, review, tracking
 from experiments.errors import ConfigError, SweepInterrupted
 from experiments.gate import Gate
 from experiments.interrupts import GracefulStop
@@ -18,8 +18,9 @@ from experiments.ledger import Ledger
 from experiments.outcome import RungOutcome, SweepResult, markdown_table
 from experiments.rung import Sweep, climb
 from experiments.slo import applicable, parse_all
-from experiments.sweep_report import diagnose_sweep, log_plots
+from experiments.sweep_report import diagnose_sweep, sweep_figures
 from experiments.targets import resolve
+from experiments.ui import EXPERIMENT_KIND, ladder_view_url, run_url, save_ladder_view, ui_base
 from experiments.validation import validate
 from optimizers.base import Env
 
@@ -29,6 +30,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     rungs = validate(cfg)
     data_dir = Path(cfg.data_dir)
     experiment_id = tracking.connect(cfg.tracking)   # fails fast on a bad tracking URI; safe for parallel jobs
+    mlflow.MlflowClient().set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
     env = Env.detect()
     with ui.stage("target: building or loading the model"):
         target, texts, shipped_tasks = resolve(cfg.target, Path(cfg.cache_dir), data_dir, ui.note)
@@ -66,6 +68,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
                 champion = outcome
             book.done(_ledger_entry(outcome), {"outcomes": {o.name: o for o in outcomes},
                                                "reference": kind.reference, "scores": sweep.scores})
+            tracking.mark_run(outcome.run_id, {review.DESCRIPTION: review.rung_description(outcome)})
             ui.rung_done(outcome, top)
         if stop.requested and len(outcomes) < len(rungs):
             book.finish("interrupted")
@@ -80,9 +83,23 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
             tracking.log_text(champion.capacity.to_markdown(), "capacity/plan.md")
         diagnose_sweep(outcomes, champion, sweep)
         tracking.log_text(markdown_table(outcomes, top), "summary.md")
-        log_plots(outcomes, champion, cfg)
+        _log_review(outcomes, champion, sweep, f"ROI ladder: {target.name}, sweep {sweep_id}")
     book.finish("finished")     # after the parent run ended: a kill before this redoes only the closing steps
-    return SweepResult(parent.info.run_id, experiment_id, outcomes, champion)
+    view = f"sweep-{sweep_id}"
+    save_ladder_view(mlflow.MlflowClient(), experiment_id, view, parent.info.run_id)
+    base = ui_base(cfg.tracking)
+    urls = (ladder_view_url(base, experiment_id, view), run_url(base, experiment_id, parent.info.run_id))
+    return SweepResult(parent.info.run_id, experiment_id, outcomes, champion, urls)
+
+
+def _log_review(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: Sweep, title: str) -> None:
+    """The plots, the HTML report and the sweep's description: what a reviewer opens first in the UI."""
+    top = int(max(sweep.cfg.benchmark.concurrency))
+    figures = sweep_figures(outcomes, champion, sweep.cfg)
+    for path, fig in figures.items():
+        mlflow.log_figure(fig, path)
+    tracking.log_text(review.html_report(title, outcomes, top, figures), "report.html")
+    tracking.set_tag(review.DESCRIPTION, review.sweep_description(outcomes, champion, top, sweep.target.name))
 
 
 def _open_ledger(sweep: Sweep, names: list[str]):

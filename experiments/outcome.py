@@ -51,6 +51,7 @@ class SweepResult:
     experiment_id: str
     outcomes: list[RungOutcome]
     champion: RungOutcome | None
+    urls: tuple[str, ...] = ()         # in the MLflow UI: the ladder's runs view, the sweep's run
 
 
 def markdown_table(outcomes: list[RungOutcome], top: int) -> str:

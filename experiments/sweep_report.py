@@ -104,11 +104,12 @@ def _diagnose_model_layer(report) -> None:
     tracking.set_tag("roi.diagnosis.model_layer", report.summary()[:5000])
 
 
-def log_plots(outcomes: list[RungOutcome], champion: RungOutcome | None, cfg: DictConfig) -> None:
+def sweep_figures(outcomes: list[RungOutcome], champion: RungOutcome | None, cfg: DictConfig) -> dict:
+    """The sweep's plots, by the artefact path each is logged at."""
     from experiments import report
 
     obj = cfg.gate.objective
     level = int(max(cfg.benchmark.concurrency)) if obj.concurrency == "max" else int(obj.concurrency)
-    mlflow.log_figure(report.waterfall(outcomes, obj.metric, obj.stat, level), "plots/ladder_waterfall.png")
-    mlflow.log_figure(report.latency_vs_load(outcomes[0], champion), "plots/latency_vs_concurrency.png")
-    mlflow.log_figure(report.pareto(outcomes, obj.metric, obj.stat, level), "plots/pareto_latency_accuracy.png")
+    return {"plots/ladder_waterfall.png": report.waterfall(outcomes, obj.metric, obj.stat, level),
+            "plots/latency_vs_concurrency.png": report.latency_vs_load(outcomes[0], champion),
+            "plots/pareto_latency_accuracy.png": report.pareto(outcomes, obj.metric, obj.stat, level)}

@@ -1,11 +1,53 @@
 """`make ui`: the MLflow UI on loopback, pointed at this project's store."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 from mlflow.tracking import MlflowClient
+
+
+# MLflow 3 opens an experiment on its GenAI view unless the experiment says it is model development; the
+# per-browser GenAI/Model-training switch is overridden by this query in the page URL (measured, 3.17.2).
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+RUNS_VIEW = "workflowType=machine_learning"
+
+
+def ui_base(tracking_cfg) -> str:
+    """The address of the UI for this store: the server itself, or `make ui` on loopback."""
+    uri = str(tracking_cfg.uri)
+    if uri.startswith(("http://", "https://")):
+        from experiments.secrets import scrub_text
+
+        return scrub_text(uri).rstrip("/")
+    return f"http://{tracking_cfg.ui_host}:{tracking_cfg.ui_port}"
+
+
+def experiment_url(base: str, experiment_id: str) -> str:
+    return f"{base}/#/experiments/{experiment_id}?{RUNS_VIEW}"
+
+
+def run_url(base: str, experiment_id: str, run_id: str) -> str:
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{RUNS_VIEW}"
+
+
+def ladder_view(parent_run_id: str) -> dict:
+    """A runs-table view of one sweep, as the UI's Share button stores it: its rungs listed flat (grouping by
+    run kind lists child runs that nesting would fold under the sweep), verdict and reason as columns."""
+    return {"searchFilter": f"tags.mlflow.parentRunId = '{parent_run_id}'",
+            "selectedColumns": ["tags.`roi.rung`", "tags.`roi.verdict`", "tags.`roi.reason`", "metrics.`ttft_ms_p50`",
+                                "metrics.`tpot_ms_p50`", "metrics.`output_tokens_per_s`", "metrics.`e2e_ms_p50`"],
+            "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "roi.kind"}]}}
+
+
+def save_ladder_view(client, experiment_id: str, key: str, parent_run_id: str) -> None:
+    client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{key}", json.dumps(ladder_view(parent_run_id)))
+
+
+def ladder_view_url(base: str, experiment_id: str, key: str) -> str:
+    return f"{base}/#/experiments/{experiment_id}/runs?viewStateShareKey={key}&{RUNS_VIEW}"
 
 
 def latest_sweep_url(uri: str, experiment: str, base: str) -> str:
@@ -16,20 +58,19 @@ def latest_sweep_url(uri: str, experiment: str, base: str) -> str:
     runs = client.search_runs([exp.experiment_id], "tags.`roi.kind` = 'sweep'", max_results=1,
                               order_by=["attributes.start_time DESC"])
     if not runs:
-        return f"{base}/#/experiments/{exp.experiment_id}"
-    return f"{base}/#/experiments/{exp.experiment_id}/runs/{runs[0].info.run_id}"
+        return experiment_url(base, exp.experiment_id)
+    sweep = runs[0]
+    return (f"{ladder_view_url(base, exp.experiment_id, 'sweep-' + sweep.data.tags.get('roi.sweep', ''))}\n"
+            f"  its run (description, report.html): {run_url(base, exp.experiment_id, sweep.info.run_id)}")
 
 
 def serve_ui(cfg) -> int:
     t = cfg.tracking
+    base = ui_base(t)
     if str(t.uri).startswith(("http://", "https://")):     # tracking=server: the server is the UI
-        from experiments.secrets import scrub_text
-
-        shown = scrub_text(str(t.uri)).rstrip("/")
-        print(f"MLflow UI of the server {shown}\n  latest sweep: "
-              f"{latest_sweep_url(str(t.uri), str(t.experiment), shown)}", flush=True)
+        print(f"MLflow UI of the server {base}\n  latest sweep: "
+              f"{latest_sweep_url(str(t.uri), str(t.experiment), base)}", flush=True)
         return 0
-    base = f"http://{t.ui_host}:{t.ui_port}"
     print(f"MLflow UI for {t.uri}\n  latest sweep: {latest_sweep_url(str(t.uri), str(t.experiment), base)}",
           flush=True)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}

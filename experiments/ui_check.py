@@ -1,16 +1,18 @@
 """`make ui-check`: does the MLflow UI, in a real browser, show a sweep's rungs and their verdicts?
 
 Starts `mlflow server` on 127.0.0.1 (a free port, a fresh sqlite store, in its own process group), runs a quick
-sweep into it, saves a shared view of the runs table — what the UI's Share button stores: an experiment tag
-`mlflow.sharedViewState.<key>` with the filter, the columns `roi.rung` and `roi.verdict`, and the runs grouped by
-`roi.kind` (grouping lists the child runs flat; a nested child stays collapsed under its parent) — opens
-`#/experiments/<id>/runs?viewStateShareKey=<key>` in headless Chromium, and reads the table's rows out of the
-dumped DOM (ag-grid rows carry the run id, cells the column id). The server's process group is stopped after.
+sweep into it, opens the shared view of the runs table that the sweep saved and printed — what the UI's Share
+button stores: an experiment tag `mlflow.sharedViewState.sweep-<id>` with the filter, the columns `roi.rung` and
+`roi.verdict`, and the runs grouped by `roi.kind` (grouping lists the child runs flat; a nested child stays
+collapsed under its parent) — at `#/experiments/<id>/runs?viewStateShareKey=sweep-<id>` in headless Chromium, and reads the table's rows out of the
+dumped DOM (ag-grid rows carry the run id, cells the column id). Then the pages a reviewer opens from the URLs
+the sweep prints: the experiment on its runs view (not MLflow 3's GenAI dashboard), the sweep's run with its
+description (the ladder table, the champion), and the sweep's `report.html`; each page is screenshotted, and the
+screenshots are logged to the sweep's run under `ui-check/`. The server's process group is stopped after.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -24,11 +26,24 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
+from experiments.ui import EXPERIMENT_KIND, experiment_url, ladder_view_url, run_url
+
 REPO = Path(__file__).resolve().parent.parent
-SHARE_KEY = "roi-ui-check"
 NAME_COL, VERDICT_COL = "attributes.`Run Name`", "tags.`roi.verdict`"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@dataclass(frozen=True)
+class PageCheck:
+    name: str
+    url: str
+    missing: tuple[str, ...]                 # texts the page should show and did not
+    screenshot: Path | None = None
+
+    def to_text(self) -> str:
+        seen = "OK" if not self.missing else f"FAILED: missing {', '.join(repr(m) for m in self.missing)}"
+        return f"  {self.name:<24} {seen}  ({self.url}; screenshot {self.screenshot})"
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,8 @@ class UiCheckResult:
     expected: dict[str, str]                 # rung run name -> verdict, from the tracking API
     seen: dict[str, str]                     # run name -> verdict, as the browser's DOM shows them
     seconds: dict[str, float] = field(default_factory=dict)
+    pages: tuple[PageCheck, ...] = ()
+    experiment_kind: str = ""
 
     @property
     def missing(self) -> list[str]:
@@ -44,15 +61,18 @@ class UiCheckResult:
 
     @property
     def ok(self) -> bool:
-        return bool(self.expected) and not self.missing
+        return bool(self.expected) and not self.missing and self.experiment_kind == EXPERIMENT_KIND[1] and \
+            bool(self.pages) and not any(p.missing for p in self.pages)
 
     def to_text(self) -> str:
         times = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
         rows = "\n".join(f"  {name:<24} expected {verdict:<9} DOM: {self.seen.get(name, '(absent)')}"
                          for name, verdict in self.expected.items())
-        verdict = "OK: every rung run and its verdict is in the runs table" if self.ok else \
+        verdict = "OK: every rung run and its verdict is in the runs table" if not self.missing else \
             f"FAILED: not shown as expected: {', '.join(self.missing) or 'no rung runs'}"
-        return f"UI check of {self.url}\n{rows}\n{verdict}\n({times})"
+        pages = "\n".join(p.to_text() for p in self.pages)
+        return (f"UI check of {self.url}\n{rows}\n{verdict}\nexperiment kind: {self.experiment_kind or '(unset)'}\n"
+                f"pages:\n{pages}\n({times})")
 
 
 def run_check(data_dir: Path, chromium: str, ladder: str = "engine-swap", cache_dir: Path | None = None,
@@ -70,13 +90,17 @@ def run_check(data_dir: Path, chromium: str, ladder: str = "engine-swap", cache_
         sweep(data_dir, uri, ladder, cache_dir)
         seconds["sweep"] = time.perf_counter() - t
         experiment_id, expected, parent = rung_verdicts(uri)
-        url = f"{uri}/#/experiments/{experiment_id}/runs?viewStateShareKey={SHARE_KEY}"
-        share_view(uri, experiment_id, parent)
+        # the runs view the sweep saved and printed: its rungs flat, verdict column shown
+        url = ladder_view_url(uri, experiment_id, f"sweep-{_client(uri).get_run(parent).data.tags['roi.sweep']}")
         t = time.perf_counter()
         dom = dump_dom(chromium, url, data_dir / "chromium-profile", budget_ms)
         seconds["browser"] = time.perf_counter() - t
         (data_dir / "runs-table.html").write_text(dom)
-        return UiCheckResult(url, expected, runs_table(dom), seconds)
+        t = time.perf_counter()
+        pages = review_pages(uri, experiment_id, parent, set(expected), chromium, data_dir, budget_ms)
+        seconds["review pages"] = time.perf_counter() - t
+        kind = _client(uri).get_experiment(experiment_id).tags.get(EXPERIMENT_KIND[0], "")
+        return UiCheckResult(url, expected, runs_table(dom), seconds, pages, kind)
     finally:
         stop_group(server)
 
@@ -130,15 +154,62 @@ def _experiments(client) -> list[str]:
     return [e.experiment_id for e in client.search_experiments() if e.name.startswith("roi-ladder/")]
 
 
-def share_view(uri: str, experiment_id: str, parent_run_id: str) -> None:
-    """The runs-table view the Share button would store: this sweep, grouped by run kind, verdict column shown."""
+def review_pages(uri: str, experiment_id: str, parent: str, rungs: set[str], chromium: str, data_dir: Path,
+                 budget_ms: int) -> tuple[PageCheck, ...]:
+    """The pages the sweep's printed URLs open, each read from its DOM and screenshotted; the screenshots are
+    logged to the sweep's run. The report is fetched the way the artefact viewer fetches it (the viewer shows it
+    in a sandboxed frame that a DOM dump does not enter)."""
+    client = _client(uri)
+    run = client.get_run(parent)
+    champion = run.data.tags.get("roi.champion_rung", "")
+    shots = data_dir / "screenshots"
+    shots.mkdir(exist_ok=True)
+    pages = []
+    for name, url, texts in (
+            ("experiment (runs view)", experiment_url(uri, experiment_id), [run.info.run_name]),
+            ("sweep run description", run_url(uri, experiment_id, parent), [f"Champion: {champion}", *sorted(rungs)])):
+        profile = data_dir / "chromium-profile"
+        text = _visible_text(dump_dom(chromium, url, profile, budget_ms))
+        shot = shots / f"{name.split(' ')[0]}.png"
+        screenshot(chromium, url, profile, budget_ms, shot)
+        pages.append(PageCheck(name, url, tuple(t for t in texts if t not in text), shot))
+    report_url = f"{uri}/get-artifact?path=report.html&run_uuid={parent}"
+    with urllib.request.urlopen(report_url, timeout=30) as resp:
+        report = resp.read().decode()
+    (data_dir / "report.html").write_text(report)
+    shot = shots / "report.png"
+    screenshot(chromium, (data_dir / "report.html").as_uri(), data_dir / "chromium-profile", budget_ms, shot)
+    wanted = ["<table", "data:image/png;base64,", *(f"<td>{r}</td>" for r in sorted(rungs))]
+    pages.append(PageCheck("report.html", report_url, tuple(w for w in wanted if w not in report), shot))
+    for page in pages:
+        client.log_artifact(parent, str(page.screenshot), "ui-check")
+    return tuple(pages)
+
+
+def _client(uri: str):
     from mlflow.tracking import MlflowClient
 
-    state = {"searchFilter": f"tags.mlflow.parentRunId = '{parent_run_id}'",
-             "selectedColumns": ["tags.`roi.rung`", VERDICT_COL],
-             "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "roi.kind"}]}}
-    MlflowClient(tracking_uri=uri).set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{SHARE_KEY}",
-                                                      json.dumps(state))
+    return MlflowClient(tracking_uri=uri)
+
+
+def _visible_text(dom: str) -> str:
+    """The page's text with the markup gone and white space folded (a heading splits text across tags)."""
+    parser = _Text()
+    parser.feed(dom)
+    return " ".join(" ".join(parser.parts).split())
+
+
+def screenshot(chromium: str, url: str, profile: Path, budget_ms: int, out: Path, timeout_s: float = 120) -> None:
+    shutil.rmtree(profile, ignore_errors=True)
+    cmd = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}",
+           "--window-size=1400,1000", "--hide-scrollbars", f"--screenshot={out}", url]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    finally:
+        stop_group(proc)
+    if not out.exists() or not out.stat().st_size:
+        raise RuntimeError(f"chromium wrote no screenshot of {url} (exit {proc.returncode}): {err[-1500:]}")
 
 
 def dump_dom(chromium: str, url: str, profile: Path, budget_ms: int, timeout_s: float = 120) -> str:
@@ -210,6 +281,25 @@ class _Rows(HTMLParser):
             cells[col] = (cells.get(col, "") + " " + data.strip()).strip()
 
 
+class _Text(HTMLParser):
+    SKIP = {"script", "style"}
+
+    def __init__(self):
+        super().__init__()
+        self.parts: list[str] = []
+        self._skipping = 0
+
+    def handle_starttag(self, tag, attrs):
+        self._skipping += tag in self.SKIP
+
+    def handle_endtag(self, tag):
+        self._skipping -= tag in self.SKIP and self._skipping > 0
+
+    def handle_data(self, data):
+        if not self._skipping:
+            self.parts.append(data)
+
+
 def runs_table(dom: str) -> dict[str, str]:
     """Run name -> the verdict cell of the same row, for every run row the table rendered."""
     parser = _Rows()
@@ -248,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if result.ok else 1
     finally:
         if args.keep:
-            print(f"kept: {data} (runs-table.html, mlflow-server.log, mlflow.db)")
+            print(f"kept: {data} (runs-table.html, report.html, screenshots/, mlflow-server.log, mlflow.db)")
         else:
             shutil.rmtree(data, ignore_errors=True)
 

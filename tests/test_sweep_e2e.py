@@ -178,3 +178,18 @@ def test_planted_secrets_never_reach_mlflow(sweep):
     parent = next(r for r in runs if r.data.tags.get("roi.kind") == "sweep")
     assert parent.data.params["target.hf_token"] == "***"
     assert parent.data.params["tracking.upstream"] == "postgresql://roi:***@db.internal/mlflow"
+
+
+def test_the_ui_lands_on_the_ladder(sweep):
+    stdout, client, runs, _ = sweep
+    exp = client.get_experiment_by_name("roi-ladder/tiny-llm")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"     # not MLflow 3's GenAI view
+    parent = next(r for r in runs if r.data.tags.get("roi.kind") == "sweep")
+    note = parent.data.tags["mlflow.note.content"]
+    assert "| rung | verdict |" in note and f"Champion: `{parent.data.tags['roi.champion_rung']}`" in note
+    assert f"make promote RUN={parent.data.tags['roi.champion_run']}" in note
+    for r in (r for r in runs if r.data.tags.get("roi.kind") == "rung"):
+        assert r.data.tags["mlflow.note.content"].startswith(f"**{r.data.tags['roi.verdict']}**")
+    report = Path(client.download_artifacts(parent.info.run_id, "report.html")).read_text()
+    assert report.count("data:image/png;base64,") == 3 and all(f"<td>{rung}</td>" in report for rung in LADDER)
+    assert f"/runs/{parent.info.run_id}?workflowType=machine_learning" in stdout

@@ -25,6 +25,10 @@ def test_the_runs_table_shows_every_rung_and_its_verdict(model_dir, tmp_path):
     print(result.to_text())
     assert set(result.expected) == {"baseline", "onnxruntime"}
     assert result.ok, result.to_text()
+    # the pages a reviewer lands on: the runs view (not the GenAI dashboard), the sweep's description, the report
+    assert result.experiment_kind == "custom_model_development"
+    assert [p.name for p in result.pages] == ["experiment (runs view)", "sweep run description", "report.html"]
+    assert all(not p.missing and p.screenshot.stat().st_size > 10_000 for p in result.pages), result.to_text()
     # The same sweep's diagnosis: on each measured rung and, with the decode-step profile, on the sweep's run.
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments() if e.name.startswith("roi")])
@@ -37,5 +41,7 @@ def test_the_runs_table_shows_every_rung_and_its_verdict(model_dir, tmp_path):
         assert run.data.tags["roi.recommended_next_rung"] and run.data.tags["roi.recommended_next_rung.reason"]
     assert "diagnosis/queue_share_c2" in parent.data.metrics and "profile/decode_step_ms" in parent.data.metrics
     assert "roi.diagnosis.framework_profile" not in parent.data.tags          # the profiler did not fail
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "ui-check")} == {
+        "ui-check/experiment.png", "ui-check/sweep.png", "ui-check/report.png"}
     profile = client.download_artifacts(parent.info.run_id, "diagnosis/framework_profile.md", str(tmp_path))
     assert "self ms per step" in open(profile).read()
