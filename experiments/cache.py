@@ -25,7 +25,7 @@ def build_once(out: Path, build: Callable[[Path], None], what: str = "cached fol
     """Make `out` by `build(tmp)` unless a valid one exists; True when it was reused."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(out.with_name(f".{out.name}.lock")):
+    with locked(out.with_name(f".{out.name}.lock")):
         if out.exists():
             if manifest_ok(out):
                 return True
@@ -54,7 +54,8 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """Exclusive across processes on this machine while the block runs (flock: released if the holder dies)."""
     with open(path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:

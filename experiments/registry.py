@@ -6,13 +6,11 @@ candidate), registers it, moves the alias `champion` to it and tags the new vers
 """
 from __future__ import annotations
 
-import fcntl
 import getpass
 import hashlib
 import json
 import tempfile
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +25,7 @@ from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 from omegaconf import OmegaConf
 
 from experiments import tracking
+from experiments.cache import locked
 from experiments.errors import ConfigError
 from optimizers.base import Recipe
 
@@ -350,15 +349,9 @@ def _require_version(client: MlflowClient, name: str, version: str) -> None:
                           "see the versions with roi-ladder status, or in the MLflow UI") from None
 
 
-@contextmanager
 def registry_lock(uri: str):
     """Exclusive across processes on this machine (a shared server needs its own coordination)."""
-    with open(lock_path(uri), "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return locked(lock_path(uri))
 
 
 def lock_path(uri: str) -> Path:
