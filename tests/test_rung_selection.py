@@ -70,7 +70,8 @@ def test_half_precision_is_bf16_on_cpu_and_fp16_on_cuda():
 
 @pytest.mark.parametrize("scheme,cand,env,expect", [
     ("int8", BASE, CPU, None), ("int8", ORT, CPU, None), ("int8", CUDA_TORCH, H100, None),
-    ("int4", ORT, CPU, None), ("int4", BASE, CPU, "no CPU kernel"), ("int4", CUDA_TORCH, H100, None),
+    ("int4", ORT, CPU, None), ("int4", BASE, CPU, "no CPU kernel"), ("int4", CUDA_TORCH, H100, "bf16 only"),
+    ("int4", CUDA_TORCH.edited("half_precision", precision="bf16"), H100, None),
     ("fp8", BASE, CPU, "needs a CUDA device"), ("fp8", ORT, H100, "no FP8 weight path"),
     ("fp8", CUDA_TORCH, A100, "compute capability >= 8.9"), ("fp8", CUDA_TORCH, H100, None),
     ("fp8", WeightQuantization("int4").apply(ORT), CPU, "needs a CUDA device"),   # not "already quantized"

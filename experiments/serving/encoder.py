@@ -17,6 +17,7 @@ import torch
 from experiments.artefacts import cached, weights_digest
 from experiments.serving.engine import Engine
 from optimizers.base import Candidate
+from optimizers.quantization import torch_refusal
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Part of every encoder export's cache key: bump it when MeanPooled or the export settings change.
@@ -94,6 +95,8 @@ class TorchEncoder(EncoderEngine):
         self.device = torch.device("cuda" if recipe.execution_provider == "cuda" else "cpu")
         self.model_dir = cand.target.model_dir
         self.model = load_pooled(self.model_dir, DTYPES[recipe.precision]).to(self.device)
+        if reason := torch_refusal(recipe.quantization, recipe.precision, self.device.type):
+            raise ValueError(reason)
         if recipe.quantization == "int8" and self.device.type == "cpu":
             # the encoder's Linear layers, a scale per output channel (per tensor loses ~4 points of cosine
             # on MiniLM); the word embedding stays a float lookup

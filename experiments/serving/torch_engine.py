@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from experiments.serving.engine import Engine
+from experiments.serving.torch_quantize import quantize
 from optimizers.base import Candidate
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -120,26 +121,6 @@ def linear_weight_bits(model: torch.nn.Module) -> float:
         stored += _stored_bits(weight)
         weights += weight.shape[0] * weight.shape[1]
     return stored / max(1, weights)
-
-
-def quantize(model, quantization: str, device: torch.device) -> None:
-    """Weight quantization of the decoder layers only: the tied embedding doubles as the input lookup."""
-    if quantization == "none":
-        return
-    if quantization == "int8" and device.type == "cpu":
-        model.model.layers = torch.ao.quantization.quantize_dynamic(model.model.layers, {torch.nn.Linear},
-                                                                    dtype=torch.qint8)
-        return
-    if device.type != "cuda":
-        raise ValueError(f"torch {quantization} runs on CUDA only (torchao kernels); this engine is on {device}")
-    from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig, Int4WeightOnlyConfig,
-                                      Int8WeightOnlyConfig, quantize_)
-
-    configs = {"int8": Int8WeightOnlyConfig, "int4": lambda: Int4WeightOnlyConfig(group_size=32),
-               "fp8": Float8DynamicActivationFloat8WeightConfig}
-    if quantization not in configs:
-        raise ValueError(f"torch engine has no {quantization!r} path; known: none, {', '.join(configs)}")
-    quantize_(model.model.layers, configs[quantization]())
 
 
 def _stored_bits(tensor: torch.Tensor) -> int:
