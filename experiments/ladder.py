@@ -22,6 +22,7 @@ from experiments.sweep_report import diagnose_sweep, log_plots
 from experiments.targets import resolve
 from experiments.validation import validate
 from optimizers.base import Env
+from optimizers.placement import resolve_device
 
 
 def run_sweep(cfg: DictConfig, ui) -> SweepResult:
@@ -30,6 +31,10 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     data_dir = Path(cfg.data_dir)
     experiment_id = tracking.connect(cfg.tracking)   # fails fast on a bad tracking URI; safe for parallel jobs
     env = Env.detect()
+    try:
+        resolve_device(cfg.target.get("device", "auto"), env)   # before any work: the baseline's device
+    except ValueError as exc:
+        raise ConfigError(str(exc), "set target.device to auto, cpu or a CUDA device this machine has") from None
     with ui.stage("target: building or loading the model"):
         target, texts, shipped_tasks = resolve(cfg.target, Path(cfg.cache_dir), data_dir, ui.note)
     include_path = Path(cfg.accuracy.include_path) if cfg.accuracy.include_path else shipped_tasks

@@ -22,7 +22,10 @@ class CudaGraph(Optimizer):
             return f"the champion batches ({cand.recipe.batching}); a captured graph has one fixed batch shape"
         if cand.recipe.cuda_graph:
             return "the champion already replays a CUDA graph"
+        if cand.recipe.execution_provider != "cuda":
+            return ("the champion runs on the CPU (target.device); capturing graphs would move it to the GPU too, "
+                    "and the gain would be the move's: set target.device=cuda to climb on the GPU")
         return None
 
     def apply(self, cand: Candidate) -> Candidate:
-        return cand.edited(self.name, cuda_graph=True, execution_provider="cuda", compile="none")
+        return cand.edited(self.name, cuda_graph=True, compile="none")

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 from experiments.serving.engine import Engine
+from experiments.serving.gpu_guards import cuda_graphs_captured, tensorrt_options
 from experiments.serving.torch_quantize import quantize
 from optimizers.base import Candidate
+from optimizers.placement import device_name
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 COMPILE_MODES = ("none", "inductor", "tensorrt")
@@ -34,7 +37,7 @@ class TorchEngine(Engine):
             raise ValueError(f"torch engine has no compile mode {recipe.compile!r}; known: {', '.join(COMPILE_MODES)}")
         started = time.perf_counter()
         torch.set_num_threads(threads)
-        self.device = torch.device("cuda" if recipe.execution_provider == "cuda" else "cpu")
+        self.device = torch.device(device_name(recipe))
         self.model_dir = cand.target.model_dir
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=DTYPES[recipe.precision],
@@ -61,14 +64,13 @@ class TorchEngine(Engine):
                 raise ValueError("TensorRT needs a CUDA device")
             import torch_tensorrt  # noqa: F401  (registers the "tensorrt" backend)
 
-            self._forward = torch.compile(self.model, backend="tensorrt", dynamic=True,
-                                          options={"enabled_precisions": {DTYPES[self.recipe.precision]},
-                                                   "min_block_size": 1})
+            self._forward = torch.compile(self.model, backend="tensorrt", dynamic=True, options=tensorrt_options())
         else:
             self._forward = torch.compile(self.model, mode="reduce-overhead", fullgraph=True)
-        for n_in in (16, 48):   # warm-up: compile now, not during the measured load
-            for _ in self.generate(list(range(1, n_in + 1)), 4):
-                pass
+        with cuda_graphs_captured(self.device.index or 0) if mode == "reduce-overhead" else nullcontext():
+            for n_in in (16, 48):   # warm-up: compile now, not during the measured load
+                for _ in self.generate(list(range(1, n_in + 1)), 4):
+                    pass
 
     def _cache(self, max_len: int):
         from transformers import DynamicCache, StaticCache
