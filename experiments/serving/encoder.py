@@ -95,6 +95,8 @@ class TorchEncoder(EncoderEngine):
         started = time.perf_counter()
         torch.set_num_threads(threads)
         self.device = torch.device(device_name(recipe))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)   # allocations without a device, and the NVML sampler, follow it
         self.model_dir = cand.target.model_dir
         self.model = load_pooled(self.model_dir, DTYPES[recipe.precision]).to(self.device)
         if reason := torch_refusal(recipe.quantization, recipe.precision, self.device.type):

@@ -38,6 +38,8 @@ class TorchEngine(Engine):
         started = time.perf_counter()
         torch.set_num_threads(threads)
         self.device = torch.device(device_name(recipe))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)   # allocations without a device, and the NVML sampler, follow it
         self.model_dir = cand.target.model_dir
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=DTYPES[recipe.precision],
