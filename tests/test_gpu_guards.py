@@ -1,6 +1,6 @@
 """GPU techniques that did not take effect fail the rung with the reason, never a silent relabel. No GPU here: each
 library's quiet way out is simulated (monkeypatch), the way it happens: torch-tensorrt dropping an option it does
-not know, inductor skipping graph capture, ONNX Runtime falling back to its CPU provider."""
+not know, ONNX Runtime falling back to its CPU provider. (CUDA graphs: tests/test_cuda_graph_engine.py.)"""
 import dataclasses
 import json
 import sys
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from experiments.serving import gpu_guards
-from experiments.serving.gpu_guards import cuda_graphs_captured, require_provider, tensorrt_options
+from experiments.serving.gpu_guards import require_provider, tensorrt_options
 from optimizers.base import Candidate, Recipe, Target
 
 CUDA1 = Recipe(execution_provider="cuda", cuda_device=1)
@@ -39,32 +39,6 @@ def test_a_tensorrt_release_without_the_option_fails_loudly(monkeypatch):
 def test_the_installed_torch_tensorrt_knows_the_options():
     pytest.importorskip("torch_tensorrt", reason="torch-tensorrt is in the gpu extra only; not installed here")
     assert tensorrt_options()["pass_through_build_failures"] is True
-
-
-def _fake_cudagraph_state(monkeypatch, roots):
-    from torch._dynamo.utils import counters
-    from torch._inductor import cudagraph_trees
-
-    manager = None if roots is None else types.SimpleNamespace(roots=roots)
-    monkeypatch.setattr(cudagraph_trees, "get_manager", lambda index, create_if_none_exists=True: manager)
-    return counters
-
-
-def test_cuda_graph_capture_skipped_by_inductor_fails(monkeypatch):
-    counters = _fake_cudagraph_state(monkeypatch, {"f": ["graph"]})
-    with pytest.raises(RuntimeError, match="skipped CUDA graph capture 1 time"):
-        with cuda_graphs_captured(0):
-            counters["inductor"]["cudagraph_skips"] += 1   # what inductor does when it will not capture
-
-
-def test_no_cuda_graph_recorded_in_this_thread_fails(monkeypatch):
-    _fake_cudagraph_state(monkeypatch, None)
-    with pytest.raises(RuntimeError, match="no CUDA graph was recorded on cuda:1"):
-        with cuda_graphs_captured(1):
-            pass
-    _fake_cudagraph_state(monkeypatch, {"f": ["graph"]})
-    with cuda_graphs_captured(1):
-        pass
 
 
 class _Session:

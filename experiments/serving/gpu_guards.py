@@ -1,13 +1,12 @@
 """Proof that a GPU technique took effect, or an error that says it did not.
 
 Each library here has a quiet way out: torch-tensorrt's backend returns the unconverted graph when a conversion
-fails, inductor runs without CUDA graphs when it decides it cannot capture, ONNX Runtime runs on the CPU when
-its CUDA provider does not load. Measured under the technique's name, any of them would credit a rung with what
+fails, ONNX Runtime runs on the CPU when its CUDA provider does not load. (CUDA graphs are captured by hand in
+cuda_graph_engine.py, where a capture that fails raises.) Measured under the technique's name, any of them would credit a rung with what
 it did not do; these checks turn them into failed rungs with the reason."""
 from __future__ import annotations
 
 import dataclasses
-from contextlib import contextmanager
 
 # pass_through_build_failures: raise on a failed conversion instead of returning the torch graph (default off).
 # There is no precision option: torch-tensorrt 2.14 builds strongly typed engines from the graph's own dtypes
@@ -26,25 +25,6 @@ def tensorrt_options() -> dict:
         raise RuntimeError(f"torch-tensorrt {torch_tensorrt.__version__} has no setting {', '.join(unknown)}: "
                            f"its backend would drop it silently (see experiments/serving/gpu_guards.py)")
     return dict(TENSORRT_OPTIONS)
-
-
-@contextmanager
-def cuda_graphs_captured(device_index: int):
-    """Around the warm-up of a `reduce-overhead` compile: inductor counts each capture it skips (a CPU tensor, a
-    mutated input, dynamic shapes) and runs those graphs without CUDA graphs; after the warm-up at least one
-    graph must be recorded for this device in this thread (graph trees are thread-local)."""
-    from torch._dynamo.utils import counters
-    from torch._inductor import cudagraph_trees
-
-    skipped_before = counters["inductor"]["cudagraph_skips"]
-    yield
-    skipped = counters["inductor"]["cudagraph_skips"] - skipped_before
-    if skipped:
-        raise RuntimeError(f"inductor skipped CUDA graph capture {skipped} time(s) (the reason is in torch's log, "
-                           f"torch._inductor.cudagraph_utils): the graphs would run without CUDA graphs")
-    manager = cudagraph_trees.get_manager(device_index, create_if_none_exists=False)
-    if manager is None or not any(manager.roots.values()):
-        raise RuntimeError(f"no CUDA graph was recorded on cuda:{device_index} during the warm-up")
 
 
 def ort_providers(recipe) -> list:

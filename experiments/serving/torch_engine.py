@@ -2,20 +2,19 @@
 
 The recipe decides how it runs: dtype (fp32 / bf16 / fp16), device (cuda when the recipe's execution provider
 is cuda), weight quantization (int8 dynamic on CPU; torchao int4 weight-only and float8 on CUDA), and
-torch.compile — inductor over the dynamic-cache decode, the torch-tensorrt backend on CUDA, or
-`reduce-overhead` (CUDA graphs) over a static cache. Compilation happens at build time, on warm-up prompts, and is reported as build_seconds.
+torch.compile — inductor over the dynamic-cache decode, or the torch-tensorrt backend on CUDA (CUDA graphs:
+cuda_graph_engine.py). Compilation happens at build time, on warm-up prompts, and is reported as build_seconds.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 from experiments.serving.engine import Engine
-from experiments.serving.gpu_guards import cuda_graphs_captured, tensorrt_options
+from experiments.serving.gpu_guards import tensorrt_options
 from experiments.serving.torch_quantize import quantize
 from optimizers.base import Candidate
 from optimizers.placement import device_name
@@ -56,8 +55,8 @@ class TorchEngine(Engine):
         self.reused = False
 
     def _compile(self, mode: str) -> None:
-        if mode == "reduce-overhead" and self.device.type != "cuda":
-            raise ValueError("compile mode reduce-overhead captures CUDA graphs: it needs a CUDA device")
+        if mode == "reduce-overhead":
+            raise ValueError("CUDA graphs are captured by CudaGraphEngine (experiments/serving/cuda_graph_engine.py)")
         if mode == "inductor":
             # dynamic=True: one graph for every cache length, instead of a recompile per decode step.
             self._forward = torch.compile(self.model, dynamic=True)
@@ -67,24 +66,15 @@ class TorchEngine(Engine):
             import torch_tensorrt  # noqa: F401  (registers the "tensorrt" backend)
 
             self._forward = torch.compile(self.model, backend="tensorrt", dynamic=True, options=tensorrt_options())
-        else:
-            self._forward = torch.compile(self.model, mode="reduce-overhead", fullgraph=True)
-        with cuda_graphs_captured(self.device.index or 0) if mode == "reduce-overhead" else nullcontext():
-            for n_in in (16, 48):   # warm-up: compile now, not during the measured load
-                for _ in self.generate(list(range(1, n_in + 1)), 4):
-                    pass
-
-    def _cache(self, max_len: int):
-        from transformers import DynamicCache, StaticCache
-
-        if self.recipe.cuda_graph:
-            # CUDA graphs replay fixed addresses: the KV cache must not move or grow.
-            return StaticCache(config=self.model.config, max_cache_len=max_len)
-        return DynamicCache(config=self.model.config)
+        for n_in in (16, 48):   # warm-up: compile now, not during the measured load
+            for _ in self.generate(list(range(1, n_in + 1)), 4):
+                pass
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Iterator[tuple[int, float]]:
-        cache = self._cache(len(prompt_ids) + max_new_tokens)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
         step_input = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         position = torch.arange(len(prompt_ids), device=self.device)
         for _ in range(max_new_tokens):
