@@ -38,7 +38,7 @@ def capture(step):
 class CudaGraphEngine(TorchEngine):
     name = "torch"
 
-    def _compile(self, mode: str) -> None:
+    def _capture_decode(self) -> None:
         from transformers import StaticCache
         from transformers.cache_utils import StaticLayer
 

@@ -1,9 +1,10 @@
 """Proof that a GPU technique took effect, or an error that says it did not.
 
 Each library here has a quiet way out: torch-tensorrt's backend returns the unconverted graph when a conversion
-fails, ONNX Runtime runs on the CPU when its CUDA provider does not load. (CUDA graphs are captured by hand in
-cuda_graph_engine.py, where a capture that fails raises.) Measured under the technique's name, any of them would credit a rung with what
-it did not do; these checks turn them into failed rungs with the reason."""
+fails, ONNX Runtime runs on the CPU when its CUDA provider does not load, torchao leaves a weight it skips as it
+was (torch_quantize.py checks that one). Measured under the technique's name, any of them would credit a rung
+with what it did not do; these checks turn them into failed rungs with the reason. (CUDA graphs are captured by
+hand in cuda_graph_engine.py, where a capture that fails raises.)"""
 from __future__ import annotations
 
 import dataclasses

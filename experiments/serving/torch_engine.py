@@ -48,15 +48,16 @@ class TorchEngine(Engine):
         self.quantization = recipe.quantization
         self._forward = self.model
         if recipe.cuda_graph:
-            self._compile("reduce-overhead")
+            self._capture_decode()
         elif recipe.compile != "none":
             self._compile(recipe.compile)
         self.build_seconds = time.perf_counter() - started
         self.reused = False
 
+    def _capture_decode(self) -> None:
+        raise ValueError("the decode step is captured by CudaGraphEngine (experiments/serving/cuda_graph_engine.py)")
+
     def _compile(self, mode: str) -> None:
-        if mode == "reduce-overhead":
-            raise ValueError("CUDA graphs are captured by CudaGraphEngine (experiments/serving/cuda_graph_engine.py)")
         if mode == "inductor":
             # dynamic=True: one graph for every cache length, instead of a recompile per decode step.
             self._forward = torch.compile(self.model, dynamic=True)
