@@ -2,20 +2,27 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+# Which builds of torch and ONNX Runtime (pyproject's `cpu` or `gpu` extra): gpu where an NVIDIA driver answers,
+# else cpu; `make setup BUILD=cpu` to choose. TensorRT's wheels are on NVIDIA's index only (PyPI's tensorrt-cu13
+# and tensorrt-cu13-libs are stubs that fetch from it at install time).
+BUILD  ?= $(if $(shell nvidia-smi -L 2>/dev/null),gpu,cpu)
+NVIDIA_INDEX ?= https://pypi.nvidia.com
+INDEX_gpu := --extra-index-url $(NVIDIA_INDEX)
+STAMP  := $(VENV)/.installed-$(BUILD)-$(shell sha256sum pyproject.toml | cut -c1-16)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 # Hydra overrides: `make sweep profile=quick target=tiny-llm` or `make sweep ARGS="gate.min_gain=0.1"`.
 OVERRIDES := $(foreach v,target profile ladder gate benchmark tracking experiment,$(if $($(v)),$(v)=$($(v)))) $(ARGS)
 
-.PHONY: setup browser sweep ui ui-check server-check test test-fast bench bench-gpu bench-gate promote rollback status clean
+.PHONY: setup browser sweep ui ui-check server-check test test-fast bench bench-gpu gpu-resolve bench-gate promote rollback status clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "installing pinned dependencies into $(VENV) (first time: a few minutes)"
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]' > $(VENV)/pip.log 2>&1 \
+	@echo "installing pinned dependencies ($(BUILD) build) into $(VENV) (first time: a few minutes)"
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,$(BUILD)]' $(INDEX_$(BUILD)) \
+		> $(VENV)/pip.log 2>&1 \
 		|| { tail -30 $(VENV)/pip.log; echo "pip install failed: see $(VENV)/pip.log"; exit 1; }
 	@$(BIN)/python -c "import experiments, optimizers, torch, onnxruntime_genai, lm_eval, mlflow, hydra"
 	@rm -f $(VENV)/.installed-* && touch $@
@@ -71,9 +78,15 @@ bench: setup
 	$(BIN)/python -m experiments.benchmarks.harness
 	$(BIN)/python -m experiments.benchmarks.rungs
 
-# On a CUDA machine (pip install -e '.[gpu]' there): TensorRT, CUDA Graph, FP16, INT4, FP8, paged batching.
+# On a CUDA machine (a venv with '.[dev,gpu]', see gpu-resolve): every GPU rung against eager on the same GPU, each
+# ran / skipped / failed with its reason (<= 10 min); on a CPU machine each rung says "no CUDA".
 bench-gpu: setup
 	$(BIN)/python -m experiments.benchmarks.gpu_rungs
+
+# Does the `gpu` extra resolve? A pip dry run (metadata only, nothing installed), on any machine; also
+# tests/test_gpu_extra.py (slow, needs the package index).
+gpu-resolve:
+	$(PYTHON) -m pip install --dry-run --ignore-installed -e '.[dev,gpu]' $(INDEX_gpu)
 
 # Does the gate decide right? A/A, an injected 10 % slowdown and an injected accuracy drop, judged by the
 # gate from conf/ (the demo profile's 8 x 0.5 s rounds: ~11 min on 2 cores; ARGS="--rounds 20 --seconds 1"

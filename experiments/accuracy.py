@@ -14,6 +14,9 @@ from lm_eval.api.model import TemplateLM
 
 from experiments.errors import ConfigError
 
+# ONNX input types -> numpy dtypes: numpy has no bfloat16, so a bf16 export cannot be scored here (and says so)
+ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
 log = logging.getLogger(__name__)
 
 
@@ -24,20 +27,30 @@ class OnnxSessionLM(TemplateLM):
     log-softmax over the continuation positions, greedy check per token.
     """
 
-    def __init__(self, onnx_path: Path, tokenizer, threads: int):
+    def __init__(self, onnx_path: Path, tokenizer, threads: int, providers=("CPUExecutionProvider",)):
         super().__init__()
         import onnxruntime as ort
 
+        from experiments.serving.gpu_guards import require_provider
+
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(str(onnx_path), opts, providers=list(providers))
+        first = providers[0] if isinstance(providers[0], str) else providers[0][0]
+        require_provider(self.session, first)
         self.tokenizer = tokenizer
         config = json.loads((Path(onnx_path).parent / "genai_config.json").read_text())["model"]
         self.max_length = config["context_length"]
         dec = config["decoder"]
+        # the export's own dtype for its past tensors (fp16 for an fp16 export), read from the graph
+        past_types = {i.name: i.type for i in self.session.get_inputs() if i.name.startswith("past_")}
+        if unknown := {t for t in past_types.values() if t not in ORT_DTYPES}:
+            raise ValueError(f"lm-eval scoring through ONNX Runtime feeds numpy arrays; the export's past tensors "
+                             f"are {', '.join(sorted(unknown))}, which numpy cannot hold")
+        past_dtypes = {name: ORT_DTYPES[t] for name, t in past_types.items()}
         self._empty_past = {
-            f"past_key_values.{i}.{kv}": np.zeros((1, dec["num_key_value_heads"], 0, dec["head_size"]), np.float32)
-            for i in range(dec["num_hidden_layers"]) for kv in ("key", "value")}
+            name: np.zeros((1, dec["num_key_value_heads"], 0, dec["head_size"]), past_dtypes[name])
+            for name in (f"past_key_values.{i}.{kv}" for i in range(dec["num_hidden_layers"]) for kv in ("key", "value"))}
 
     @property
     def eot_token_id(self) -> int:

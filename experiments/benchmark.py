@@ -66,6 +66,7 @@ class BenchmarkReport:
             put("rss_mb_max", c, lv.rss_mb_max)
             put("gpu_util_percent", c, lv.gpu_util_mean)
             put("gpu_mem_mb_max", c, lv.gpu_mem_mb_max)
+            put("gpu_proc_mem_mb_max", c, lv.gpu_proc_mem_mb_max)
             put("kv_mb_in_use_max", c, lv.kv_mb_max)
         if self.capacity is not None and self.capacity.concurrency is not None:
             put("sla_capacity_concurrency", 0, self.capacity.concurrency)

@@ -16,6 +16,7 @@ from experiments.errors import ConfigError
 from experiments.validation import load_rungs
 from experiments.targets import resolve
 from optimizers.base import Candidate, Env
+from optimizers.placement import placed
 
 # Sampled in this process, which for an endpoint run is the load generator, not the server.
 CLIENT_SIDE_METRICS = ("cpu_percent", "rss_mb_max")
@@ -32,7 +33,11 @@ def candidate(cfg: DictConfig, rung_names: list[str], progress) -> Candidate:
     (base_name, base), *_ = rungs.items()
     target, _, _ = resolve(cfg.target, Path(cfg.cache_dir), Path(cfg.data_dir), progress)
     _completions_only(target)
-    cand, env = base.apply(Candidate(target)), Env.detect()
+    env = Env.detect()
+    try:
+        cand = base.apply(placed(target, cfg.target.get("device", "auto"), env))
+    except ValueError as exc:
+        raise ConfigError(str(exc), "set target.device to auto, cpu or a CUDA device this machine has") from None
     for name in rung_names:
         if name == base_name:
             continue

@@ -23,6 +23,7 @@ from experiments.targets import resolve
 from experiments.ui import EXPERIMENT_KIND, ladder_view_url, run_url, save_ladder_view, ui_base
 from experiments.validation import validate
 from optimizers.base import Env
+from optimizers.placement import resolve_device
 
 
 def run_sweep(cfg: DictConfig, ui) -> SweepResult:
@@ -32,6 +33,10 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     experiment_id = tracking.connect(cfg.tracking)   # fails fast on a bad tracking URI; safe for parallel jobs
     mlflow.MlflowClient().set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
     env = Env.detect()
+    try:
+        resolve_device(cfg.target.get("device", "auto"), env)   # before any work: the baseline's device
+    except ValueError as exc:
+        raise ConfigError(str(exc), "set target.device to auto, cpu or a CUDA device this machine has") from None
     with ui.stage("target: building or loading the model"):
         target, texts, shipped_tasks = resolve(cfg.target, Path(cfg.cache_dir), data_dir, ui.note)
     include_path = Path(cfg.accuracy.include_path) if cfg.accuracy.include_path else shipped_tasks

@@ -23,6 +23,7 @@ class LevelReport:
     started: float = 0.0
     gpu_util_mean: float | None = None  # NVML, when a CUDA device is present
     gpu_mem_mb_max: float | None = None
+    gpu_proc_mem_mb_max: float | None = None   # this process's own, where the driver reports it
     kv_mb_max: float | None = None     # paged KV cache: the most KV memory the sequences held at once
     resources: ResourceSeries | None = field(default=None, repr=False)   # the samples, for the diagnosis
 

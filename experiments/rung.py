@@ -25,6 +25,7 @@ from experiments.serving.servers import serve
 from experiments.workload import Workload
 from optimizers.base import Candidate, Env
 from optimizers.baseline import EagerBaseline
+from optimizers.placement import placed
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,8 @@ def climb(name, opt, champion, sweep: Sweep, book: Ledger, key: str) -> RungOutc
         book.started(name, key, run.info.run_id)
         outcome = RungOutcome(name, Verdict("failed", "not run"), run_id=run.info.run_id, champion_before=champion)
         try:
-            current = champion.candidate if champion else Candidate(sweep.target)
+            device = sweep.cfg.target.get("device", "auto")
+            current = champion.candidate if champion else placed(sweep.target, device, sweep.env)
             opt.observe(champion)
             reason = opt.check(sweep.env, current)
             if champion is None and not isinstance(opt, EagerBaseline):

@@ -31,7 +31,8 @@ class Recipe:
     engine: str = "torch"            # torch | onnxruntime | openvino (encoders)
     precision: str = "fp32"          # fp32 | bf16 | fp16
     quantization: str = "none"       # none | int8 | int4 | fp8 (weights of the decoder layers)
-    execution_provider: str = "cpu"  # cpu | cuda (the device, for either engine)
+    execution_provider: str = "cpu"  # cpu | cuda (the device, for either engine; set from target.device)
+    cuda_device: int = 0             # which CUDA device (torch's index) when execution_provider is cuda
     compile: str = "none"            # torch: none | inductor
     cuda_graph: bool = False         # capture the decode step as a CUDA graph (torch: reduce-overhead)
     batching: str = "none"           # none (one request at a time) | static | dynamic | continuous
@@ -66,6 +67,11 @@ class Env:
     cuda: bool
     cuda_capability: tuple[int, int] | None
     cpu_count: int
+    cuda_device_count: int | None = None   # None: as many as `cuda` implies (one, or none)
+
+    def __post_init__(self):
+        if self.cuda_device_count is None:
+            object.__setattr__(self, "cuda_device_count", 1 if self.cuda else 0)
 
     @classmethod
     def detect(cls) -> "Env":
@@ -75,7 +81,7 @@ class Env:
 
         cuda = torch.cuda.is_available()
         return cls(cuda=cuda, cuda_capability=torch.cuda.get_device_capability() if cuda else None,
-                   cpu_count=os.cpu_count() or 1)
+                   cpu_count=os.cpu_count() or 1, cuda_device_count=torch.cuda.device_count() if cuda else 0)
 
 
 class Optimizer(ABC):

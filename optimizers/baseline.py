@@ -1,5 +1,8 @@
-"""The first rung: the model as it is, torch eager fp32 — the champion every rung must beat."""
+"""The first rung: the model as it is, torch eager, on the device `target.device` chose — the champion every rung
+must beat. On a GPU at the checkpoint's own dtype (what serving it unoptimized means there); on the CPU in fp32,
+whose half-precision kernels are few (bf16 there is the half_precision rung's to try)."""
 from optimizers.base import Candidate, Optimizer
+from optimizers.placement import native_precision
 
 
 class EagerBaseline(Optimizer):
@@ -7,4 +10,6 @@ class EagerBaseline(Optimizer):
     cost = "zero"
 
     def apply(self, cand: Candidate) -> Candidate:
-        return cand.edited(self.name, engine="torch", precision="fp32", quantization="none")
+        on_cuda = cand.recipe.execution_provider == "cuda"
+        precision = native_precision(cand.target.model_dir) if on_cuda else "fp32"
+        return cand.edited(self.name, engine="torch", precision=precision, quantization="none")

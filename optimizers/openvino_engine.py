@@ -26,6 +26,9 @@ class OpenVinoSwap(Optimizer):
             return reason
         if recipe.engine == "openvino":
             return "the champion already runs in OpenVINO"
+        if recipe.execution_provider != "cpu":
+            return (f"the OpenVINO engines here run on its CPU plugin; the champion runs on "
+                    f"{recipe.execution_provider} (target.device), and an engine swap does not move the model")
         if recipe.precision != "fp32" or recipe.quantization not in ("none", "int8", "int4"):
             return (f"the OpenVINO engines here run fp32 activations with none/int8/int4 weights; the champion runs "
                     f"{recipe.precision}/{recipe.quantization}")
@@ -37,5 +40,5 @@ class OpenVinoSwap(Optimizer):
         return None
 
     def apply(self, cand: Candidate) -> Candidate:
-        # torch-only settings do not carry over to the converted graph; the CPU plugin is the device here.
-        return cand.edited(self.name, engine="openvino", compile="none", cuda_graph=False, execution_provider="cpu")
+        # torch-only settings do not carry over to the converted graph; `check` let only a CPU champion through.
+        return cand.edited(self.name, engine="openvino", compile="none", cuda_graph=False)

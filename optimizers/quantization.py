@@ -3,13 +3,28 @@
 | scheme | onnxruntime (CPU or CUDA)           | openvino (CPU)      | torch on CPU        | torch on CUDA                       |
 |--------|-------------------------------------|---------------------|---------------------|-------------------------------------|
 | int8   | MatMulNBits 8-bit (builder -p int8) | NNCF INT8_ASYM      | dynamic int8 Linear | torchao Int8WeightOnly              |
-| int4   | MatMulNBits 4-bit (builder -p int4) | NNCF INT4_SYM, g32  | no kernel: n/a      | torchao Int4WeightOnly              |
+|        |                                     |                     | (fp32 champion only)|                                     |
+| int4   | MatMulNBits 4-bit (builder -p int4) | NNCF INT4_SYM, g32  | no kernel: n/a      | torchao Int4WeightOnly, tinygemm    |
+|        |                                     |                     |                     | layout (bf16 champion only)         |
 | fp8    | no FP8 path: not applicable         | no FP8 path: n/a    | no kernel: n/a      | torchao float8 (compute cap >= 8.9) |
 """
 from optimizers.base import Candidate, Env, Optimizer
 
 SCHEMES = ("int8", "int4", "fp8")
 FP8_MIN_CAPABILITY = (8, 9)
+
+
+def torch_refusal(scheme: str, precision: str, device_type: str) -> str | None:
+    """Why torch cannot quantize a model held at `precision` on `device_type` with `scheme`, or None. The rung's
+    check and the engine both ask this, so a recipe that slips past the check still fails with the reason."""
+    if scheme == "int8" and device_type == "cpu" and precision != "fp32":
+        return (f"torch's dynamic int8 Linear quantizes fp32 weights and takes fp32 activations; the champion runs "
+                f"{precision} (its other layers would feed it {precision}): int8 in torch on CPU needs an fp32 "
+                f"champion (ONNX Runtime and OpenVINO quantize from the fp32 export)")
+    if scheme == "int4" and device_type == "cuda" and precision != "bf16":
+        return (f"torchao's int4 kernel here (tinygemm, tile-packed layout) computes in bf16 only; the champion "
+                f"runs {precision}: set the half_precision rung's cuda_dtype: bf16")
+    return None
 
 
 class WeightQuantization(Optimizer):
@@ -52,6 +67,8 @@ class WeightQuantization(Optimizer):
             return "the torch encoder quantizes on CPU only (dynamic int8); torchao's CUDA path is built for decoders"
         if recipe.engine == "torch" and recipe.compile == "tensorrt":
             return "the TensorRT champion quantizes inside TensorRT, not with these schemes"
+        if recipe.engine == "torch":
+            return torch_refusal(self.scheme, recipe.precision, "cuda" if on_cuda else "cpu")
         return None
 
     def apply(self, cand: Candidate) -> Candidate:

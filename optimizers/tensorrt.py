@@ -1,7 +1,9 @@
 """Engine swap to TensorRT on a CUDA device: torch.compile with the torch-tensorrt backend (`gpu` extra).
 
-TensorRT builds engines for the GPU it runs on; with no CUDA device, or without torch-tensorrt installed,
-the rung does not apply and says why.
+TensorRT builds engines for the GPU it runs on; with no CUDA device, without torch-tensorrt, or with a champion
+that runs on the CPU (target.device), the rung does not apply and says why. It keeps the champion's device and
+dtype: torch-tensorrt 2.14 builds strongly typed engines from the graph's own dtypes, so the swap is the swap
+alone (half precision is a rung of its own).
 """
 import importlib.util
 
@@ -11,11 +13,6 @@ from optimizers.base import Candidate, Env, Optimizer
 class TensorRT(Optimizer):
     name = "tensorrt"
     cost = "zero"
-
-    def __init__(self, precision: str = "fp16"):
-        if precision not in ("fp32", "fp16", "bf16"):
-            raise ValueError(f"precision must be fp32, fp16 or bf16, got {precision!r}")
-        self.precision = precision
 
     def machine_check(self, env: Env) -> str | None:
         if not env.cuda:
@@ -31,8 +28,10 @@ class TensorRT(Optimizer):
             return "the TensorRT path compiles the decoder's torch graph; it is not built for encoders"
         if cand.recipe.compile == "tensorrt":
             return "the champion already runs TensorRT"
+        if cand.recipe.execution_provider != "cuda":
+            return ("the champion runs on the CPU (target.device); TensorRT would move it to the GPU too, and the "
+                    "gain would be the move's: set target.device=cuda to climb on the GPU")
         return None
 
     def apply(self, cand: Candidate) -> Candidate:
-        return cand.edited(self.name, engine="torch", compile="tensorrt", execution_provider="cuda",
-                           precision=self.precision, batching="none", max_batch=1)
+        return cand.edited(self.name, engine="torch", compile="tensorrt", batching="none", max_batch=1)

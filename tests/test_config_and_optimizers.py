@@ -102,6 +102,7 @@ def test_check_says_why_a_rung_does_not_apply():
 def test_cuda_provider_is_selected_only_with_a_cuda_device():
     cuda_swap = OnnxRuntimeSwap(execution_provider="cuda")
     assert "no CUDA device" in cuda_swap.check(CPU, Candidate(TARGET))
-    assert cuda_swap.check(GPU, Candidate(TARGET)) is None
+    assert "does not move the model" in cuda_swap.check(GPU, Candidate(TARGET))   # a CPU champion
+    assert cuda_swap.check(GPU, Candidate(TARGET, Recipe(execution_provider="cuda"))) is None
     with pytest.raises(ValueError, match="execution_provider"):
         OnnxRuntimeSwap(execution_provider="tpu")

@@ -8,7 +8,7 @@ from experiments.serving.request import Prompt
 from experiments.serving.servers import serve
 from experiments.serving.continuous import ContinuousServer
 from experiments.serving.torch_engine import TorchEngine
-from optimizers.base import Candidate, Env
+from optimizers.base import Candidate, Env, Recipe
 from optimizers.batching import Batching
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 from optimizers.prefix_caching import PrefixCaching
@@ -114,7 +114,7 @@ def test_continuous_rung_selects_torch_on_cpu_and_paged_ort_on_cuda(tiny_target)
     ort_cpu = OnnxRuntimeSwap().apply(Candidate(tiny_target))
     assert rung.check(cpu, ort_cpu) is None
     assert rung.apply(ort_cpu).recipe.engine == "torch"
-    ort_gpu = OnnxRuntimeSwap("cuda").apply(Candidate(tiny_target))
+    ort_gpu = OnnxRuntimeSwap().apply(Candidate(tiny_target, Recipe(execution_provider="cuda")))
     assert "CUDA" in rung.check(cpu, ort_gpu)
     assert rung.check(gpu, ort_gpu) is None
     paged = rung.apply(ort_gpu).recipe

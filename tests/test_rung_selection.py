@@ -39,10 +39,11 @@ def test_engine_swap_to_onnxruntime_drops_torch_only_settings():
 def test_tensorrt_is_skipped_without_cuda_and_selected_with_it(monkeypatch):
     assert "no CUDA device" in TensorRT().check(CPU, ORT)
     monkeypatch.setattr("importlib.util.find_spec", lambda name: object())
-    assert TensorRT().check(H100, ORT) is None
-    recipe = TensorRT().apply(ORT).recipe
+    cuda_ort = OnnxRuntimeSwap().apply(CUDA_TORCH)
+    assert TensorRT().check(H100, cuda_ort) is None
+    recipe = TensorRT().apply(cuda_ort).recipe
     assert (recipe.engine, recipe.compile, recipe.execution_provider, recipe.precision) == \
-        ("torch", "tensorrt", "cuda", "fp16")
+        ("torch", "tensorrt", "cuda", "fp32")   # the champion's device and dtype: the swap alone
 
 
 def test_tensorrt_says_to_install_the_gpu_extra_when_missing(monkeypatch):
@@ -52,9 +53,10 @@ def test_tensorrt_says_to_install_the_gpu_extra_when_missing(monkeypatch):
 
 def test_cuda_graph_only_with_cuda_and_a_torch_champion():
     assert "no CUDA device" in CudaGraph().check(CPU, BASE)
-    assert CudaGraph().check(H100, BASE) is None
-    assert CudaGraph().apply(BASE).recipe.cuda_graph
+    assert CudaGraph().check(H100, CUDA_TORCH) is None
+    assert CudaGraph().apply(CUDA_TORCH).recipe.cuda_graph
     assert "champion runs onnxruntime" in CudaGraph().check(H100, ORT)
+    assert "target.device" in CudaGraph().check(H100, BASE)   # a CPU champion is not moved
 
 
 def test_half_precision_is_bf16_on_cpu_and_fp16_on_cuda():
@@ -70,7 +72,8 @@ def test_half_precision_is_bf16_on_cpu_and_fp16_on_cuda():
 
 @pytest.mark.parametrize("scheme,cand,env,expect", [
     ("int8", BASE, CPU, None), ("int8", ORT, CPU, None), ("int8", CUDA_TORCH, H100, None),
-    ("int4", ORT, CPU, None), ("int4", BASE, CPU, "no CPU kernel"), ("int4", CUDA_TORCH, H100, None),
+    ("int4", ORT, CPU, None), ("int4", BASE, CPU, "no CPU kernel"), ("int4", CUDA_TORCH, H100, "bf16 only"),
+    ("int4", CUDA_TORCH.edited("half_precision", precision="bf16"), H100, None),
     ("fp8", BASE, CPU, "needs a CUDA device"), ("fp8", ORT, H100, "no FP8 weight path"),
     ("fp8", CUDA_TORCH, A100, "compute capability >= 8.9"), ("fp8", CUDA_TORCH, H100, None),
     ("fp8", WeightQuantization("int4").apply(ORT), CPU, "needs a CUDA device"),   # not "already quantized"

@@ -18,6 +18,8 @@ ENGINES = {
     ("embedding", "openvino"): "experiments.serving.openvino_encoder:OpenVinoEncoder",
 }
 NEEDS_ARTEFACTS = {"onnxruntime", "openvino"}
+# a causal LM in torch with recipe.cuda_graph: the decode step replayed from a captured graph
+CUDA_GRAPH_ENGINE = "experiments.serving.cuda_graph_engine:CudaGraphEngine"
 
 
 def build_engine(cand: Candidate, threads: int, artefact_root: Path) -> Engine:
@@ -25,7 +27,8 @@ def build_engine(cand: Candidate, threads: int, artefact_root: Path) -> Engine:
     if key not in ENGINES:
         known = ", ".join(e for k, e in ENGINES if k == cand.target.kind)
         raise ValueError(f"no {cand.recipe.engine!r} engine for a {cand.target.kind} target; known: {known}")
-    module, cls = ENGINES[key].split(":")
+    graphed = cand.recipe.cuda_graph and key == ("causal-lm", "torch")
+    module, cls = (CUDA_GRAPH_ENGINE if graphed else ENGINES[key]).split(":")
     engine_class = getattr(import_module(module), cls)
     if cand.recipe.engine in NEEDS_ARTEFACTS:
         return engine_class(cand, threads, artefact_root)

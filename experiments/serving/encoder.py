@@ -16,7 +16,10 @@ import torch
 
 from experiments.artefacts import cached, weights_digest
 from experiments.serving.engine import Engine
+from experiments.serving.gpu_guards import ort_providers, require_provider
 from optimizers.base import Candidate
+from optimizers.placement import device_name
+from optimizers.quantization import torch_refusal
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Part of every encoder export's cache key: bump it when MeanPooled or the export settings change.
@@ -91,9 +94,13 @@ class TorchEncoder(EncoderEngine):
             raise ValueError(f"torch encoder has no precision {recipe.precision!r}; known: {', '.join(DTYPES)}")
         started = time.perf_counter()
         torch.set_num_threads(threads)
-        self.device = torch.device("cuda" if recipe.execution_provider == "cuda" else "cpu")
+        self.device = torch.device(device_name(recipe))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)   # allocations without a device, and the NVML sampler, follow it
         self.model_dir = cand.target.model_dir
         self.model = load_pooled(self.model_dir, DTYPES[recipe.precision]).to(self.device)
+        if reason := torch_refusal(recipe.quantization, recipe.precision, self.device.type):
+            raise ValueError(reason)
         if recipe.quantization == "int8" and self.device.type == "cpu":
             # the encoder's Linear layers, a scale per output channel (per tensor loses ~4 points of cosine
             # on MiniLM); the word embedding stays a float lookup
@@ -186,8 +193,9 @@ class OrtEncoder(EncoderEngine):
         loading = time.perf_counter()
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-        providers = ["CUDAExecutionProvider"] if cand.recipe.execution_provider == "cuda" else []
-        self.session = ort.InferenceSession(str(self.path), options, providers=providers + ["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(str(self.path), options, providers=ort_providers(cand.recipe))
+        if cand.recipe.execution_provider == "cuda":
+            require_provider(self.session, "CUDAExecutionProvider")
         self.load_seconds = time.perf_counter() - loading
 
     def rebuild_seconds(self) -> float:

@@ -13,6 +13,7 @@ import numpy as np
 
 from experiments.artefacts import cached
 from experiments.serving.engine import Engine
+from experiments.serving.gpu_guards import ort_providers, require_genai_device
 from optimizers.base import Candidate
 
 QUANTIZED_PRECISION = {"int8": "int8", "int4": "int4"}
@@ -70,6 +71,7 @@ class OrtGenaiEngine(Engine):
         self.threads = threads
         loading = time.perf_counter()
         self.model = og.Model(self._config())
+        require_genai_device(self.model, self.recipe.execution_provider)
         self.load_seconds = time.perf_counter() - loading
         # The same tokenizer files as the source model (the builder copies them; we check they agree).
         self.tokenizer = AutoTokenizer.from_pretrained(cand.target.model_dir)
@@ -124,7 +126,7 @@ class OrtGenaiEngine(Engine):
     def lm_eval_model(self, batch_size: int):
         from experiments.accuracy import OnnxSessionLM
 
-        return OnnxSessionLM(self.folder / "model.onnx", self.tokenizer, self.threads)
+        return OnnxSessionLM(self.folder / "model.onnx", self.tokenizer, self.threads, ort_providers(self.recipe))
 
     def artefact_paths(self) -> list[Path]:
         return sorted(p for p in self.folder.iterdir() if p.name.startswith("model.onnx"))

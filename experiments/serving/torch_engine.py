@@ -2,8 +2,8 @@
 
 The recipe decides how it runs: dtype (fp32 / bf16 / fp16), device (cuda when the recipe's execution provider
 is cuda), weight quantization (int8 dynamic on CPU; torchao int4 weight-only and float8 on CUDA), and
-torch.compile — inductor over the dynamic-cache decode, the torch-tensorrt backend on CUDA, or
-`reduce-overhead` (CUDA graphs) over a static cache. Compilation happens at build time, on warm-up prompts, and is reported as build_seconds.
+torch.compile — inductor over the dynamic-cache decode, or the torch-tensorrt backend on CUDA (CUDA graphs:
+cuda_graph_engine.py). Compilation happens at build time, on warm-up prompts, and is reported as build_seconds.
 """
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from pathlib import Path
 import torch
 
 from experiments.serving.engine import Engine
+from experiments.serving.gpu_guards import tensorrt_options
+from experiments.serving.torch_quantize import quantize
 from optimizers.base import Candidate
+from optimizers.placement import device_name
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 COMPILE_MODES = ("none", "inductor", "tensorrt")
@@ -33,7 +36,9 @@ class TorchEngine(Engine):
             raise ValueError(f"torch engine has no compile mode {recipe.compile!r}; known: {', '.join(COMPILE_MODES)}")
         started = time.perf_counter()
         torch.set_num_threads(threads)
-        self.device = torch.device("cuda" if recipe.execution_provider == "cuda" else "cpu")
+        self.device = torch.device(device_name(recipe))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)   # allocations without a device, and the NVML sampler, follow it
         self.model_dir = cand.target.model_dir
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=DTYPES[recipe.precision],
@@ -43,15 +48,16 @@ class TorchEngine(Engine):
         self.quantization = recipe.quantization
         self._forward = self.model
         if recipe.cuda_graph:
-            self._compile("reduce-overhead")
+            self._capture_decode()
         elif recipe.compile != "none":
             self._compile(recipe.compile)
         self.build_seconds = time.perf_counter() - started
         self.reused = False
 
+    def _capture_decode(self) -> None:
+        raise ValueError("the decode step is captured by CudaGraphEngine (experiments/serving/cuda_graph_engine.py)")
+
     def _compile(self, mode: str) -> None:
-        if mode == "reduce-overhead" and self.device.type != "cuda":
-            raise ValueError("compile mode reduce-overhead captures CUDA graphs: it needs a CUDA device")
         if mode == "inductor":
             # dynamic=True: one graph for every cache length, instead of a recompile per decode step.
             self._forward = torch.compile(self.model, dynamic=True)
@@ -60,26 +66,16 @@ class TorchEngine(Engine):
                 raise ValueError("TensorRT needs a CUDA device")
             import torch_tensorrt  # noqa: F401  (registers the "tensorrt" backend)
 
-            self._forward = torch.compile(self.model, backend="tensorrt", dynamic=True,
-                                          options={"enabled_precisions": {DTYPES[self.recipe.precision]},
-                                                   "min_block_size": 1})
-        else:
-            self._forward = torch.compile(self.model, mode="reduce-overhead", fullgraph=True)
+            self._forward = torch.compile(self.model, backend="tensorrt", dynamic=True, options=tensorrt_options())
         for n_in in (16, 48):   # warm-up: compile now, not during the measured load
             for _ in self.generate(list(range(1, n_in + 1)), 4):
                 pass
 
-    def _cache(self, max_len: int):
-        from transformers import DynamicCache, StaticCache
-
-        if self.recipe.cuda_graph:
-            # CUDA graphs replay fixed addresses: the KV cache must not move or grow.
-            return StaticCache(config=self.model.config, max_cache_len=max_len)
-        return DynamicCache(config=self.model.config)
-
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Iterator[tuple[int, float]]:
-        cache = self._cache(len(prompt_ids) + max_new_tokens)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
         step_input = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         position = torch.arange(len(prompt_ids), device=self.device)
         for _ in range(max_new_tokens):
@@ -120,26 +116,6 @@ def linear_weight_bits(model: torch.nn.Module) -> float:
         stored += _stored_bits(weight)
         weights += weight.shape[0] * weight.shape[1]
     return stored / max(1, weights)
-
-
-def quantize(model, quantization: str, device: torch.device) -> None:
-    """Weight quantization of the decoder layers only: the tied embedding doubles as the input lookup."""
-    if quantization == "none":
-        return
-    if quantization == "int8" and device.type == "cpu":
-        model.model.layers = torch.ao.quantization.quantize_dynamic(model.model.layers, {torch.nn.Linear},
-                                                                    dtype=torch.qint8)
-        return
-    if device.type != "cuda":
-        raise ValueError(f"torch {quantization} runs on CUDA only (torchao kernels); this engine is on {device}")
-    from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig, Int4WeightOnlyConfig,
-                                      Int8WeightOnlyConfig, quantize_)
-
-    configs = {"int8": Int8WeightOnlyConfig, "int4": lambda: Int4WeightOnlyConfig(group_size=32),
-               "fp8": Float8DynamicActivationFloat8WeightConfig}
-    if quantization not in configs:
-        raise ValueError(f"torch engine has no {quantization!r} path; known: none, {', '.join(configs)}")
-    quantize_(model.model.layers, configs[quantization]())
 
 
 def _stored_bits(tensor: torch.Tensor) -> int:
