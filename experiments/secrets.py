@@ -57,3 +57,50 @@ def scrub_tree(obj):
 
 def scrub_params(params: dict[str, str]) -> dict[str, str]:
     return {k: (MASK if is_secret_key(k) and v not in ("None", "") else scrub_text(v)) for k, v in params.items()}
+
+
+class ScrubbedStream:
+    """A console stream whose every write is scrubbed: stdout and stderr of the CLI, whatever prints there
+    (our messages, Hydra's, a library's warning)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(scrub_text(text))
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name):   # isatty, fileno, encoding, flush, ...: the wrapped stream's
+        return getattr(self.stream, name)
+
+
+def guard_console() -> None:
+    """Scrub what the CLI prints and what anything logs (the record itself, so every handler Hydra or a
+    library installs later writes the scrubbed text)."""
+    import logging
+    import sys
+
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if not isinstance(stream, ScrubbedStream):
+            setattr(sys, name, ScrubbedStream(stream))
+    factory = logging.getLogRecordFactory()
+    if not getattr(factory, "scrubs", False):
+        logging.setLogRecordFactory(_scrubbing_factory(factory))
+
+
+def _scrubbing_factory(make_record):
+    def scrubbed_record(*args, **kwargs):
+        record = make_record(*args, **kwargs)
+        try:
+            record.msg, record.args = scrub_text(record.getMessage()), None
+        except (TypeError, ValueError):   # a malformed format: logging reports it as usual
+            pass
+        return record
+
+    scrubbed_record.scrubs = True
+    return scrubbed_record

@@ -49,6 +49,7 @@ SETTINGS = (
             "e.g. benchmark.min_duration_s=10 (seconds per level, at most benchmark.max_duration_s)"),
     Setting("benchmark.request_timeout_s", float, POSITIVE, "e.g. benchmark.request_timeout_s=30"),
     Setting("benchmark.gamma_shape", float, POSITIVE, "e.g. benchmark.gamma_shape=1.0 (Poisson)"),
+    Setting("benchmark.seed", int, NON_NEGATIVE, "e.g. benchmark.seed=0 (default: seed)"),
     # --- the workload (target.workload.prompts: a count until prompt files are supported)
     Setting("target.workload.prompts", int, AT_LEAST_ONE,
             "give the number of prompts to draw, e.g. target.workload.prompts=256 (a prompts file is not "
@@ -59,6 +60,7 @@ SETTINGS = (
             many=True),
     Setting("target.workload.shared_prefix_tokens", int, NON_NEGATIVE, "0 for none, e.g. 64"),
     Setting("target.workload.texts", int, AT_LEAST_ONE, "e.g. target.workload.texts=400"),
+    Setting("target.workload.seed", int, NON_NEGATIVE, "e.g. target.workload.seed=1"),
     Setting("target.workload.max_tokens", int, AT_LEAST_ONE, "e.g. target.workload.max_tokens=128"),
     Setting("target.scoring.queries", int, AT_LEAST_ONE, "e.g. target.scoring.queries=600"),
     Setting("target.scoring.recall_at", int, AT_LEAST_ONE, "e.g. target.scoring.recall_at=[1,5]", many=True),
@@ -106,6 +108,9 @@ SETTINGS = (
     Setting("soak.max_drift", float, NON_NEGATIVE, "e.g. soak.max_drift=0.10"),
     Setting("soak.drift_windows", int, AT_LEAST_ONE, "e.g. soak.drift_windows=3"),
     Setting("soak.max_error_rate", float, SHARE, "a share of requests, e.g. soak.max_error_rate=0.01"),
+    Setting("soak.confidence", float, "(0, 1)", "e.g. soak.confidence=0.95 (default: gate.confidence)"),
+    Setting("soak.bootstrap_resamples", int, AT_LEAST_ONE, "e.g. 2000 (default: gate.bootstrap_resamples)"),
+    Setting("soak.seed", int, NON_NEGATIVE, "e.g. soak.seed=0 (default: seed)"),
     # --- capacity
     Setting("capacity.peak_qps", float, POSITIVE, "e.g. capacity.peak_qps=200"),
     Setting("capacity.headroom", float, "[1, 3]", "the seed uses 1.2-1.5, e.g. capacity.headroom=1.3"),
@@ -129,6 +134,7 @@ SETTINGS = (
     Setting("diagnosis.profile.prompt_tokens", int, AT_LEAST_ONE, "e.g. 48"),
     Setting("diagnosis.profile.decode_steps", int, AT_LEAST_ONE, "e.g. 16"),
     Setting("diagnosis.profile.top_ops", int, AT_LEAST_ONE, "e.g. 12"),
+    Setting("tracking.ui_port", int, "[0, 65535]", "a TCP port, e.g. tracking.ui_port=5000"),
     Setting("hardware.peak_flops", float, POSITIVE, "FLOP/s, or null to measure", nullable=True),
     Setting("hardware.peak_bandwidth", float, POSITIVE, "bytes/s, or null to measure", nullable=True),
     Setting("hardware.cache_bytes", float, POSITIVE, "bytes, or null to read it from /sys", nullable=True),
