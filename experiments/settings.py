@@ -147,25 +147,55 @@ SETTINGS = (
 def check_settings(cfg: DictConfig, *prefixes: str) -> None:
     """A ConfigError for the first setting (of all, or those under these prefixes) of the wrong type or out of
     its range."""
+    _check_all(Scope(cfg), prefixes or ("",))
+
+
+def check_section(section: DictConfig, name: str) -> None:
+    """The same for one section on its own (cfg.soak as `soak`), as its module's check_config receives it."""
+    _check_all(Scope(section, f"{name}."), (f"{name}.",))
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where full keys (`soak.window_s`) are looked up: the whole config, or one section of it."""
+    node: DictConfig
+    prefix: str = ""
+
+    def select(self, key: str):
+        if not key.startswith(self.prefix):
+            return ABSENT   # a bound in another section: checked with the whole config
+        try:
+            return OmegaConf.select(self.node, key[len(self.prefix):], default=ABSENT,
+                                    throw_on_resolution_failure=True)
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"{key} cannot be resolved ({' '.join(str(exc).split())})",
+                              f"give {key} a value, or fix the interpolation it names") from None
+
+
+def _check_all(scope: Scope, prefixes: tuple[str, ...]) -> None:
     for setting in SETTINGS:
-        if setting.key.startswith(prefixes or ("",)):
-            for key in _expand(cfg, setting.key):
-                _check(cfg, setting, key)
+        if setting.key.startswith(prefixes):
+            for key in _expand(scope, setting.key):
+                _check(scope, setting, key)
 
 
-def _expand(cfg: DictConfig, pattern: str) -> list[str]:
+def _expand(scope: Scope, pattern: str) -> list[str]:
     if "*" not in pattern:
         return [pattern]
     head, _, tail = pattern.partition(".*.")
-    entries = _select(cfg, head)
-    return [f"{head}.{name}.{tail}" for name in (entries or {})] if isinstance(entries, DictConfig) else []
+    entries = scope.select(head)
+    return [f"{head}.{name}.{tail}" for name in entries] if isinstance(entries, DictConfig) else []
 
 
-def _check(cfg: DictConfig, setting: Setting, key: str) -> None:
-    value = _select(cfg, key)
+def _check(scope: Scope, setting: Setting, key: str) -> None:
+    value = scope.select(key)
     if value is ABSENT or (value is None and setting.nullable):
         return
-    low, high = _bounds(cfg, setting.interval)
+    bounds = INTERVAL.match(setting.interval)
+    low, high = _bound(scope, bounds["low"]), _bound(scope, bounds["high"])
+    if math.isnan(low) or math.isnan(high):
+        raise ConfigError(f"the range of {key} ({setting.interval}) names a setting that is missing",
+                          f"set {', '.join(b for b in (bounds['low'], bounds['high']) if not _numeric(b))}")
     wanted = f"{_kind_words(setting)} {_range_words(setting.interval, low, high)}"
     values = list(value) if setting.many and isinstance(value, ListConfig) else None
     if setting.many:
@@ -175,25 +205,11 @@ def _check(cfg: DictConfig, setting: Setting, key: str) -> None:
         raise ConfigError(f"{key}={_shown(value)} is not {wanted}", setting.hint)
 
 
-def _select(cfg: DictConfig, key: str):
-    try:
-        return OmegaConf.select(cfg, key, default=ABSENT, throw_on_resolution_failure=True)
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"{key} cannot be resolved ({' '.join(str(exc).split())})",
-                          f"give {key} a value, or fix the interpolation it names") from None
-
-
-def _bounds(cfg: DictConfig, interval: str) -> tuple[float, float]:
-    parts = INTERVAL.match(interval)
-    return _bound(cfg, parts["low"]), _bound(cfg, parts["high"])
-
-
-def _bound(cfg: DictConfig, text: str) -> float:
-    try:
+def _bound(scope: Scope, text: str) -> float:
+    if _numeric(text):
         return float(text)
-    except ValueError:
-        value = _select(cfg, text)   # another setting, itself checked by its own row
-        return float(value) if _is_number(value) else math.nan
+    value = scope.select(text)   # another setting, checked by its own row (earlier in the table)
+    return float(value) if _is_number(value) else math.nan
 
 
 def _fits(value, kind: type, low: float, high: float, interval: str) -> bool:
