@@ -216,8 +216,8 @@ def _sweep_app() -> int:
 
 
 def scrub_hydra_record() -> None:
-    """Hydra has just written the job's overrides and config (.hydra/*.yaml) as given: a password in
-    tracking.uri would stay on disk in plain text."""
+    """Hydra has just written the job's overrides and config (.hydra/*.yaml, multirun.yaml) as given: a
+    password in tracking.uri would stay on disk in plain text."""
     from pathlib import Path
 
     from hydra.core.hydra_config import HydraConfig
@@ -225,10 +225,11 @@ def scrub_hydra_record() -> None:
     from experiments.secrets import scrub_text
 
     hydra_cfg = HydraConfig.get()
-    if hydra_cfg.output_subdir is None:
-        return
-    for saved in (Path(hydra_cfg.runtime.output_dir) / hydra_cfg.output_subdir).glob("*.yaml"):
-        saved.write_text(scrub_text(saved.read_text()))
+    saved = [Path(hydra_cfg.sweep.dir) / "multirun.yaml"]   # a multirun's, written before its first job
+    if hydra_cfg.output_subdir is not None:
+        saved += (Path(hydra_cfg.runtime.output_dir) / hydra_cfg.output_subdir).glob("*.yaml")
+    for path in (p for p in saved if p.is_file()):
+        path.write_text(scrub_text(path.read_text()))
 
 
 def _sweep_job(cfg) -> int:

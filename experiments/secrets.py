@@ -14,8 +14,10 @@ SECRET_KEY = re.compile(r"(^|[._-])(hf_)?(token|auth_token|password|passwd|secre
                         r"private_?key|credentials?)$", re.IGNORECASE)
 SECRET_ENV = re.compile(r"(^|_)(TOKEN|PASSWORD|PASSWD|SECRET|API_?KEY|ACCESS_?KEY|SECRET_?KEY|PRIVATE_?KEY|"
                         r"CREDENTIALS?)$", re.IGNORECASE)
-# greedy up to the last @ before the path: a password may hold an @ itself
-URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*):(?P<password>[^/\s]+)@", re.IGNORECASE)
+# greedy up to the last @ before the path: a password may hold an @ itself. Hydra echoes an override with its
+# colons escaped (postgresql\://user\:pw@host), so a backslash may precede either colon.
+URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*\\?://[^:/@\s\\]*)(?P<colon>\\?:)(?P<password>[^/\s]+)@",
+                          re.IGNORECASE)
 # key=value in query strings and libpq DSNs (?access_token=..., password=...), and bearer credentials
 KEY_VALUE = re.compile(r"(?P<key>\b(?:[a-z_]*token|password|passwd|secret|api_?key|access_?key|client_secret)=)"
                        r"(?P<value>[^&\s'\"]+)", re.IGNORECASE)
@@ -31,7 +33,7 @@ def env_secrets() -> list[str]:
 
 
 def scrub_text(text: str) -> str:
-    text = URL_PASSWORD.sub(rf"\g<head>:{MASK}@", str(text))
+    text = URL_PASSWORD.sub(rf"\g<head>\g<colon>{MASK}@", str(text))
     text = KEY_VALUE.sub(rf"\g<key>{MASK}", text)
     text = BEARER.sub(rf"\g<head>{MASK}", text)
     text = TOKEN_SHAPES.sub(MASK, text)

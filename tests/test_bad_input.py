@@ -433,3 +433,19 @@ def test_a_sweep_whose_baseline_fails_exits_non_zero_with_the_reason_last(tmp_pa
     runs = client.search_runs([client.get_experiment_by_name("roi-ladder/tiny-llm").experiment_id])
     verdicts = {r.data.tags.get("roi.rung"): r.data.tags.get("roi.verdict") for r in runs if "roi.rung" in r.data.tags}
     assert verdicts == {"baseline": "failed", "onnxruntime": "skipped"}
+
+
+def test_a_multirun_of_refusals_echoes_no_password_and_exits_2(tmp_path):
+    import subprocess
+
+    from conftest import REPO
+
+    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "sweep", "--multirun", f"data_dir={tmp_path}",
+                           f"tracking.uri={database_uri(free_port())}", "gate.min_gain=2,3"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in out, out
+    assert PLANTED not in out and "postgresql\\://roi\\:***@" in out, out   # Hydra's escaped echo, masked
+    assert [line[:25] for line in proc.stderr.splitlines()] == ["error: gate.min_gain=2 is", "error: gate.min_gain=3 is"]
+    leaked = [p for p in tmp_path.rglob("*") if p.is_file() and PLANTED in p.read_text(errors="replace")]
+    assert not leaked, leaked
