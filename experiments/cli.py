@@ -68,9 +68,11 @@ def guarded(work) -> int:
         return refuse(exc)
     except HydraException as exc:
         return refuse(explain(exc))
-    except OSError as exc:   # Hydra making its output folder under data_dir, before any job runs
-        where = exc.filename or "a file"
-        return refuse(ConfigError(f"could not create or write {where} ({exc.strerror or exc})",
+    except OSError as exc:
+        if exc.filename is None:
+            return crashed(exc)
+        # Hydra making its output folder (hydra.run.dir, under data_dir) before any job runs
+        return refuse(ConfigError(f"could not create or write {exc.filename} ({exc.strerror or exc})",
                                   "set data_dir=... or ROI_LADDER_HOME to a writable folder"))
     except KeyboardInterrupt:
         return 130
@@ -210,8 +212,15 @@ def _sweep_app() -> int:
             sys.exit(code)
         codes.append(code)
 
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"   # what fails outside a job (its output folder) reaches `guarded`
-    sweep()
+    try:
+        sweep()
+    finally:
+        if full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR")
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = full_error
     return max(codes, default=0)
 
 

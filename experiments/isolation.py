@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from experiments.errors import ConfigError
+from experiments.secrets import ScrubbedStream, guard_console
 from experiments.settings import check_section
 
 # Imported once by the fork server, so a child starts in a fraction of a second instead of ~8 s.
@@ -141,7 +142,8 @@ def _child_main(sender, fn, args, log_path: str) -> None:
             f.write("1000")           # out of memory, the kernel ends the rung, not the sweep
     except OSError:
         pass
-    log_file = open(log_path, "a", buffering=1)
+    guard_console()                   # the rung's prints and log records are scrubbed, as the sweep's are
+    log_file = ScrubbedStream(open(log_path, "a", buffering=1))
     os.dup2(log_file.fileno(), 2)     # native libraries' messages (aborts, ORT, CUDA) land in the rung's log too
     faulthandler.enable(log_file, all_threads=False)  # a segfault's Python stack lands in the rung's log
     handler = logging.StreamHandler(log_file)

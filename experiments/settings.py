@@ -163,7 +163,7 @@ class Scope:
 
     def select(self, key: str):
         if not key.startswith(self.prefix):
-            return ABSENT   # a bound in another section: checked with the whole config
+            return ABSENT   # outside this section: a row whose range names one belongs in check_settings
         try:
             return OmegaConf.select(self.node, key[len(self.prefix):], default=ABSENT,
                                     throw_on_resolution_failure=True)
@@ -226,8 +226,8 @@ def _is_number(value) -> bool:
 
 def _kind_words(setting: Setting) -> str:
     noun = "integer" if setting.kind is int else "number"
-    plural = f"{noun}s" if setting.many else f"an {noun}" if noun == "integer" else f"a {noun}"
-    return f"{plural}{' (or null)' if setting.nullable else ''}"
+    words = f"{noun}s" if setting.many else f"{'an' if noun == 'integer' else 'a'} {noun}"
+    return f"{words} (or null)" if setting.nullable else words
 
 
 def _range_words(interval: str, low: float, high: float) -> str:
