@@ -203,12 +203,17 @@ def _sweep_app() -> int:
 
     check_sweep_args(sys.argv[1:])
     codes: list[int] = []
+    this_process = os.getpid()
 
     @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
     def sweep(cfg) -> None:
+        from experiments.secrets import guard_console
+
+        guard_console()          # again: a launcher (joblib, submitit) may run the job in a process of its own
         scrub_hydra_record()
         code = guarded(lambda: _sweep_job(cfg))
-        if code == 130:          # Ctrl-C ends every job of a multirun, not just this one
+        # Ctrl-C ends every job of a multirun; a job in a launcher's worker tells its failure by its exit status
+        if code == 130 or (code and os.getpid() != this_process):
             sys.exit(code)
         codes.append(code)
 
