@@ -10,6 +10,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from experiments.errors import ConfigError
+from experiments.settings import check_section
 from experiments.slo import parse_all
 
 
@@ -40,10 +41,7 @@ def check_config(cfg) -> list:
     """The tier's SLOs, after checking the inputs (before any long work)."""
     if cfg.sla_tier not in cfg.tiers:
         raise ConfigError(f"capacity.sla_tier {cfg.sla_tier!r} is unknown", f"use one of {list(cfg.tiers)}")
-    if cfg.peak_qps <= 0 or not 1.0 <= cfg.headroom <= 3.0 or cfg.price_per_replica_hour < 0:
-        raise ConfigError(f"capacity needs peak_qps > 0, headroom in [1, 3] and a price >= 0 (got {cfg.peak_qps}, "
-                          f"{cfg.headroom}, {cfg.price_per_replica_hour})",
-                          "set capacity.peak_qps, capacity.headroom (the seed uses 1.2-1.5), capacity.price_per_replica_hour")
+    check_section(cfg, "capacity")
     return parse_all(cfg.tiers[cfg.sla_tier])
 
 

@@ -22,36 +22,85 @@ USAGE = """usage: roi-ladder COMMAND [hydra overrides]
 
 
 def main() -> None:
+    from experiments.secrets import guard_console
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TQDM_DISABLE", "1")        # lm-eval's per-request bars would bury the ladder
+    guard_console()
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(USAGE)
         sys.exit(0 if len(sys.argv) >= 2 else 2)
     command, rest = sys.argv[1], sys.argv[2:]
     sys.argv = [f"roi-ladder {command}"] + rest
+    sys.exit(guarded(lambda: _command(command, rest)))
+
+
+def _command(command: str, rest: list[str]) -> int:
     if command == "sweep":
-        _sweep_app()
-    elif command in REGISTRY_COMMANDS:
-        sys.exit(_registry_command(command, rest))
-    elif command in HTTP_COMMANDS:
-        sys.exit(_http_command(command, rest))
-    elif command == "ui":
+        return _sweep_app()
+    if command in REGISTRY_COMMANDS:
+        return _registry_command(command, rest)
+    if command in HTTP_COMMANDS:
+        return _http_command(command, rest)
+    if command == "ui":
         from experiments.console import quiet_libraries
         from experiments.ui import serve_ui
 
-        from experiments.errors import ConfigError
-
         quiet_libraries()
-        try:
-            cfg = _compose(rest)
-        except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            sys.exit(2)
-        sys.exit(serve_ui(cfg))
-    else:
-        print(f"roi-ladder: unknown command {command!r}\n{USAGE}", file=sys.stderr)
-        sys.exit(2)
+        return serve_ui(_compose(rest))
+    print(f"roi-ladder: unknown command {command!r}\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+def guarded(work) -> int:
+    """The one error boundary: whatever `work` raises is one scrubbed `error: ...` line and an exit status,
+    never a traceback. Bad input (a ConfigError, a Hydra override, a folder that cannot be made) exits 2; an
+    unexpected failure exits 1 with its traceback kept in a file."""
+    from hydra.errors import HydraException
+
+    from experiments.errors import ConfigError
+    from experiments.overrides import explain
+
+    try:
+        return work() or 0
+    except ConfigError as exc:
+        return refuse(exc)
+    except HydraException as exc:
+        return refuse(explain(exc))
+    except OSError as exc:
+        if exc.filename is None:
+            return crashed(exc)
+        # Hydra making its output folder (hydra.run.dir, under data_dir) before any job runs
+        return refuse(ConfigError(f"could not create or write {exc.filename} ({exc.strerror or exc})",
+                                  "set data_dir=... or ROI_LADDER_HOME to a writable folder"))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the boundary: reported in one line, traceback kept
+        return crashed(exc)
+
+
+def refuse(exc) -> int:
+    print(f"error: {one_line(str(exc))}", file=sys.stderr, flush=True)
+    return 2
+
+
+def crashed(exc: BaseException) -> int:
+    """An error that is not bad input: one line, and the scrubbed traceback in a file to report."""
+    import tempfile
+    import traceback
+
+    from experiments.secrets import scrub_text
+
+    with tempfile.NamedTemporaryFile("w", prefix="roi-ladder-traceback-", suffix=".txt", delete=False) as f:
+        f.write(scrub_text("".join(traceback.format_exception(exc))))
+    print(f"error: {type(exc).__name__}: {one_line(str(exc))[:500]}. this is not a known input mistake; the "
+          f"traceback is in {f.name}, report it with that file.", file=sys.stderr, flush=True)
+    return 1
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 REGISTRY_COMMANDS = ("promote", "rollback", "status", "capacity")
@@ -61,11 +110,8 @@ def _registry_command(command: str, argv: list[str]) -> int:
     """promote / rollback / status: flags via argparse, everything else is a Hydra override."""
     import argparse
 
-    from hydra.errors import HydraException
-
     from experiments import registry
     from experiments.console import quiet_libraries
-    from experiments.errors import ConfigError
 
     parser = argparse.ArgumentParser(prog=f"roi-ladder {command}", allow_abbrev=False,
                                      epilog="other arguments are Hydra overrides, e.g. data_dir=... target=...")
@@ -80,23 +126,19 @@ def _registry_command(command: str, argv: list[str]) -> int:
         parser.add_argument("--reason", default="", help="why; recorded on the version rolled back from")
     args, overrides = parser.parse_known_args(argv)
     quiet_libraries()
-    try:
-        tracking_cfg = _compose(overrides).tracking
-        if command == "promote":
-            r = registry.promote(tracking_cfg, args.run, args.name)
-            print(f"promoted run {r.run_id}: {r.model_name} version {r.version} is the champion "
-                  f"(rollback_to: {r.rollback_to or 'none, the first champion'})")
-        elif command == "capacity":
-            print(registry.capacity_plan_text(tracking_cfg, args.run))
-        elif command == "rollback":
-            r = registry.rollback(tracking_cfg, args.name, args.to, args.reason)
-            print(f"{r.model_name}: champion moved from version {r.from_version} to version {r.to_version}")
-        else:
-            name = args.name or registry.default_model_name(tracking_cfg)
-            print(registry.format_chain(name, registry.status(tracking_cfg, name)))
-    except (ConfigError, HydraException) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    tracking_cfg = _compose(overrides).tracking
+    if command == "promote":
+        r = registry.promote(tracking_cfg, args.run, args.name)
+        print(f"promoted run {r.run_id}: {r.model_name} version {r.version} is the champion "
+              f"(rollback_to: {r.rollback_to or 'none, the first champion'})")
+    elif command == "capacity":
+        print(registry.capacity_plan_text(tracking_cfg, args.run))
+    elif command == "rollback":
+        r = registry.rollback(tracking_cfg, args.name, args.to, args.reason)
+        print(f"{r.model_name}: champion moved from version {r.from_version} to version {r.to_version}")
+    else:
+        name = args.name or registry.default_model_name(tracking_cfg)
+        print(registry.format_chain(name, registry.status(tracking_cfg, name)))
     return 0
 
 
@@ -107,11 +149,8 @@ def _http_command(command: str, argv: list[str]) -> int:
     """serve / bench --endpoint: flags via argparse, everything else is a Hydra override."""
     import argparse
 
-    from hydra.errors import HydraException
-
     from experiments import endpoint
     from experiments.console import SweepConsole, level_table, quiet_libraries
-    from experiments.errors import ConfigError
     from experiments.serving.http_client import PROMPT_FORMATS
     from experiments.serving.http_server import DEFAULT_HOST
 
@@ -144,9 +183,6 @@ def _http_command(command: str, argv: list[str]) -> int:
             result = endpoint.bench_endpoint(cfg, args.endpoint, args.model, args.prompt_format, ui)
             ui.console.print(level_table(result.report, f"{args.endpoint} · {result.model}"))
             ui.console.print(f"Logged run endpoint-bench ({result.run_id}) to {cfg.tracking.uri}.")
-    except (ConfigError, HydraException) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
     return 0
@@ -158,41 +194,88 @@ def _compose(overrides: list[str]):
     return compose(overrides)
 
 
-def _sweep_app() -> None:
+def _sweep_app() -> int:
+    """Hydra runs the jobs; each job's failure is reported by the boundary inside it, so Hydra never prints
+    its own error (whose "Error executing job with overrides: [...]" line would echo a password)."""
     import hydra
 
-    from experiments.errors import ConfigError
     from experiments.overrides import check_sweep_args
 
-    try:
-        check_sweep_args(sys.argv[1:])
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    check_sweep_args(sys.argv[1:])
+    codes: list[int] = []
+    this_process = os.getpid()
 
     @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
     def sweep(cfg) -> None:
-        from experiments.console import SweepConsole, quiet_libraries
-        from experiments.errors import ConfigError, SweepInterrupted
-        from experiments.ladder import run_sweep
+        from experiments.secrets import guard_console
 
-        quiet_libraries()
-        ui = SweepConsole()
-        try:
-            result = run_sweep(cfg, ui)
-        except ConfigError as exc:
-            ui.console.print(f"[bold red]error:[/bold red] {exc}")
-            sys.exit(2)
-        except SweepInterrupted as exc:
-            ui.console.print(f"[bold yellow]stopped:[/bold yellow] {exc}")
-            sys.exit(130)
-        except KeyboardInterrupt:
-            ui.console.print("[bold yellow]stopped at once:[/bold yellow] the rung that was running is marked "
-                             "KILLED; run the same command again to resume from it")
-            sys.exit(130)
-        ui.summary(result, int(max(cfg.benchmark.concurrency)), str(cfg.tracking.uri))
+        guard_console()          # again: a launcher (joblib, submitit) may run the job in a process of its own
+        scrub_hydra_record()
+        code = guarded(lambda: _sweep_job(cfg))
+        # Ctrl-C ends every job of a multirun; a job in a launcher's worker tells its failure by its exit status
+        if code == 130 or (code and os.getpid() != this_process):
+            sys.exit(code)
+        codes.append(code)
 
-    sweep()
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"   # what fails outside a job (its output folder) reaches `guarded`
+    try:
+        sweep()
+    finally:
+        if full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR")
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = full_error
+    return max(codes, default=0)
+
+
+def scrub_hydra_record() -> None:
+    """Hydra has just written the job's overrides and config (.hydra/*.yaml, multirun.yaml) as given: a
+    password in tracking.uri would stay on disk in plain text."""
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from experiments.secrets import scrub_text
+
+    hydra_cfg = HydraConfig.get()
+    saved = [Path(hydra_cfg.sweep.dir) / "multirun.yaml"]   # a multirun's, written before its first job
+    if hydra_cfg.output_subdir is not None:
+        saved += (Path(hydra_cfg.runtime.output_dir) / hydra_cfg.output_subdir).glob("*.yaml")
+    for path in (p for p in saved if p.is_file()):
+        path.write_text(scrub_text(path.read_text()))
+
+
+def _sweep_job(cfg) -> int:
+    from experiments.console import SweepConsole, quiet_libraries
+    from experiments.errors import SweepInterrupted
+    from experiments.ladder import run_sweep
+
+    quiet_libraries()
+    ui = SweepConsole()
+    try:
+        result = run_sweep(cfg, ui)
+    except SweepInterrupted as exc:
+        ui.console.print(f"[bold yellow]stopped:[/bold yellow] {exc}")
+        return 130
+    except KeyboardInterrupt:
+        ui.console.print("[bold yellow]stopped at once:[/bold yellow] the rung that was running is marked "
+                         "KILLED; run the same command again to resume from it")
+        return 130
+    ui.summary(result, int(max(cfg.benchmark.concurrency)), str(cfg.tracking.uri))
+    if result.champion is None:
+        return no_champion(result, str(cfg.tracking.uri))
+    return 0
+
+
+def no_champion(result, tracking_uri: str) -> int:
+    """A sweep whose baseline failed has nothing to compare or promote: a failure, its reason last."""
+    baseline = result.outcomes[0] if result.outcomes else None
+    reason = one_line(baseline.verdict.reason) if baseline else "no rung was climbed"
+    print(f"error: the sweep has no champion: the baseline {baseline.verdict.status if baseline else 'did not run'}"
+          f" ({reason[:1000].rstrip('.')}). fix that and run the sweep again; its runs stay recorded in {tracking_uri}.",
+          file=sys.stderr, flush=True)
+    return 1
 
 
 if __name__ == "__main__":

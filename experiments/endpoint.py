@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from experiments import tracking
 from experiments.benchmark import BenchmarkReport, run_ladder
 from experiments.load import check_load
+from experiments.settings import check_settings
 from experiments.serving.servers import serve
 from experiments.workload import Workload
 from experiments.errors import ConfigError
@@ -97,10 +98,8 @@ def bench_endpoint(cfg: DictConfig, url: str, model: str | None, prompt_format: 
 
     from experiments.serving.http_client import EndpointServer
 
+    check_settings(cfg, "benchmark.", "target.workload.")
     check_load(cfg.benchmark)
-    if int(cfg.target.workload.prompts) < 1:
-        raise ConfigError(f"target.workload.prompts is {cfg.target.workload.prompts}: the workload has no prompts",
-                          "set target.workload.prompts to 1 or more")
     experiment_id = tracking.connect(cfg.tracking)
     with console.stage("target: loading the workload"):
         target, texts, _ = resolve(cfg.target, Path(cfg.cache_dir), Path(cfg.data_dir), console.note)

@@ -22,6 +22,8 @@ from pathlib import Path
 import psutil
 
 from experiments.errors import ConfigError
+from experiments.secrets import ScrubbedStream, guard_console
+from experiments.settings import check_section
 
 # Imported once by the fork server, so a child starts in a fraction of a second instead of ~8 s.
 PRELOAD = ["experiments.rung_process", "experiments.ladder", "experiments.accuracy", "experiments.report", "experiments.serving.torch_engine",
@@ -59,17 +61,13 @@ class Outcome:
 
 
 def check_config(cfg) -> None:
-    for key in ("time_limit_s", "poll_s"):
-        if float(cfg[key]) <= 0:
-            raise ConfigError(f"isolation.{key} must be > 0, got {cfg[key]}", f"e.g. isolation.{key}=3600")
-    if cfg.memory_limit_gb is None and not 0 < float(cfg.memory_fraction) <= 1:
-        raise ConfigError(f"isolation.memory_fraction must be in (0, 1], got {cfg.memory_fraction}",
-                          "e.g. isolation.memory_fraction=0.8, or set isolation.memory_limit_gb")
+    """Per-rung keys; the limits' types and ranges are in experiments/settings.py."""
     for name, own in (cfg.get("rungs") or {}).items():
         unknown = set(own) - {"time_limit_s", "memory_limit_gb"}
         if unknown:
             raise ConfigError(f"isolation.rungs.{name} has unknown keys {sorted(unknown)}",
                               "per-rung limits are time_limit_s and memory_limit_gb")
+    check_section(cfg, "isolation")
 
 
 _context = None
@@ -144,7 +142,8 @@ def _child_main(sender, fn, args, log_path: str) -> None:
             f.write("1000")           # out of memory, the kernel ends the rung, not the sweep
     except OSError:
         pass
-    log_file = open(log_path, "a", buffering=1)
+    guard_console()                   # the rung's prints and log records are scrubbed, as the sweep's are
+    log_file = ScrubbedStream(open(log_path, "a", buffering=1))
     os.dup2(log_file.fileno(), 2)     # native libraries' messages (aborts, ORT, CUDA) land in the rung's log too
     faulthandler.enable(log_file, all_threads=False)  # a segfault's Python stack lands in the rung's log
     handler = logging.StreamHandler(log_file)

@@ -38,17 +38,25 @@ def check_sweep_args(args: list[str]) -> None:
     except HydraException as exc:
         raise explain(exc) from None
     if not multirun:
-        compose(overrides)
+        check_job(overrides)
         return
     try:
         values = {i: list(o.sweep_string_iterator()) for i, o in enumerate(parsed) if o.is_sweep_override()}
     except HydraException:   # a sweep only its sweeper can enumerate (a glob, an interval): Hydra checks it
         return
     first = [f"{o.get_key_element()}={values[i][0]}" if i in values else overrides[i] for i, o in enumerate(parsed)]
-    compose(first)
+    check_job(first)
     for i, choices in values.items():
         for value in choices[1:]:
-            compose(first[:i] + [f"{parsed[i].get_key_element()}={value}"] + first[i + 1:])
+            check_job(first[:i] + [f"{parsed[i].get_key_element()}={value}"] + first[i + 1:])
+
+
+def check_job(overrides: list[str]) -> None:
+    """One job composes and its data_dir can be written: Hydra makes its output folder there before the job
+    runs, where a failure would be its own multi-line report."""
+    from experiments.validation import check_writable
+
+    check_writable(Path(compose(overrides).data_dir))
 
 
 def explain(exc: Exception) -> ConfigError:

@@ -14,8 +14,10 @@ SECRET_KEY = re.compile(r"(^|[._-])(hf_)?(token|auth_token|password|passwd|secre
                         r"private_?key|credentials?)$", re.IGNORECASE)
 SECRET_ENV = re.compile(r"(^|_)(TOKEN|PASSWORD|PASSWD|SECRET|API_?KEY|ACCESS_?KEY|SECRET_?KEY|PRIVATE_?KEY|"
                         r"CREDENTIALS?)$", re.IGNORECASE)
-# greedy up to the last @ before the path: a password may hold an @ itself
-URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*):(?P<password>[^/\s]+)@", re.IGNORECASE)
+# greedy up to the last @ before the path: a password may hold an @ itself. Hydra echoes an override with its
+# colons escaped (postgresql\://user\:pw@host), so a backslash may precede either colon.
+URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*\\?://[^:/@\s\\]*)(?P<colon>\\?:)(?P<password>[^/\s]+)@",
+                          re.IGNORECASE)
 # key=value in query strings and libpq DSNs (?access_token=..., password=...), and bearer credentials
 KEY_VALUE = re.compile(r"(?P<key>\b(?:[a-z_]*token|password|passwd|secret|api_?key|access_?key|client_secret)=)"
                        r"(?P<value>[^&\s'\"]+)", re.IGNORECASE)
@@ -31,7 +33,7 @@ def env_secrets() -> list[str]:
 
 
 def scrub_text(text: str) -> str:
-    text = URL_PASSWORD.sub(rf"\g<head>:{MASK}@", str(text))
+    text = URL_PASSWORD.sub(rf"\g<head>\g<colon>{MASK}@", str(text))
     text = KEY_VALUE.sub(rf"\g<key>{MASK}", text)
     text = BEARER.sub(rf"\g<head>{MASK}", text)
     text = TOKEN_SHAPES.sub(MASK, text)
@@ -57,3 +59,50 @@ def scrub_tree(obj):
 
 def scrub_params(params: dict[str, str]) -> dict[str, str]:
     return {k: (MASK if is_secret_key(k) and v not in ("None", "") else scrub_text(v)) for k, v in params.items()}
+
+
+class ScrubbedStream:
+    """A console stream whose every write is scrubbed: stdout and stderr of the CLI, whatever prints there
+    (our messages, Hydra's, a library's warning)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(scrub_text(text))
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name):   # isatty, fileno, encoding, flush, ...: the wrapped stream's
+        return getattr(self.stream, name)
+
+
+def guard_console() -> None:
+    """Scrub what the CLI prints and what anything logs (the record itself, so every handler Hydra or a
+    library installs later writes the scrubbed text)."""
+    import logging
+    import sys
+
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if not isinstance(stream, ScrubbedStream):
+            setattr(sys, name, ScrubbedStream(stream))
+    factory = logging.getLogRecordFactory()
+    if not getattr(factory, "scrubs", False):
+        logging.setLogRecordFactory(_scrubbing_factory(factory))
+
+
+def _scrubbing_factory(make_record):
+    def scrubbed_record(*args, **kwargs):
+        record = make_record(*args, **kwargs)
+        try:
+            record.msg, record.args = scrub_text(record.getMessage()), None
+        except (TypeError, ValueError):   # a malformed format: logging reports it as usual
+            pass
+        return record
+
+    scrubbed_record.scrubs = True
+    return scrubbed_record

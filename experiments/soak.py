@@ -28,22 +28,14 @@ from experiments.resources import ResourceSampler
 from experiments.workload import Workload
 from experiments.errors import ConfigError
 from experiments.gate import Criterion
+from experiments.settings import check_section
 from experiments.stats import ratio_ci
 
 
 # --- validation before any long work ---------------------------------------------------------------------
 def check_config(cfg) -> None:
     """Bad soak settings fail here, before a sweep has built anything."""
-    bad = [f"soak.{k}={cfg[k]}" for k in ("duration_s", "window_s", "horizon_h", "budget_mb")
-           if not _number(cfg[k]) or cfg[k] <= 0]
-    bad += [f"soak.{k}={cfg[k]}" for k in ("warmup_s", "max_drift", "max_error_rate")
-            if not _number(cfg[k]) or cfg[k] < 0]
-    k = cfg.drift_windows
-    bad += [f"soak.drift_windows={k}"] if not (_number(k) and isinstance(k, int) and k >= 1) else []
-    if bad:
-        raise ConfigError(f"{', '.join(bad)}: soak durations and budgets must be positive numbers, drift_windows "
-                          "an integer >= 1 (warm-up, drift and error rate may be 0)",
-                          "e.g. soak.duration_s=1800 soak.window_s=10 soak.drift_windows=3")
+    check_section(cfg, "soak")   # types and ranges; what follows relates the settings to each other
     if cfg.duration_s <= cfg.warmup_s:
         raise ConfigError(f"soak.duration_s={cfg.duration_s} is not longer than its warm-up soak.warmup_s="
                           f"{cfg.warmup_s}: what is left after the warm-up would be too short to judge",
@@ -61,10 +53,6 @@ def check_config(cfg) -> None:
     if level != "sla" and not (isinstance(level, int) and not isinstance(level, bool) and level >= 1):
         raise ConfigError(f"soak.concurrency={level!r} is neither `sla` nor an integer >= 1",
                           "use soak.concurrency=sla (the challenger's SLA capacity) or e.g. soak.concurrency=8")
-
-
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def concurrency_for(setting, capacity, fallback: int) -> tuple[int, str]:

@@ -17,6 +17,11 @@ from experiments.secrets import scrub_params, scrub_text, scrub_tree
 
 MAX_PARAM_CHARS = 500
 PROBE_TIMEOUT_S = 5.0
+# MLflow's SQLAlchemy stores besides sqlite (a dialect may name its driver: postgresql+psycopg://...)
+DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
+# Driver arguments that bound one connection attempt; the probe's thread deadline bounds any other driver.
+CONNECT_TIMEOUT_ARGS = {"postgresql": {"connect_timeout": int(PROBE_TIMEOUT_S)},
+                        "mysql": {"connect_timeout": int(PROBE_TIMEOUT_S)}}
 
 
 def connect(cfg) -> str:
@@ -34,10 +39,12 @@ def connect(cfg) -> str:
                           "name the MLflow experiment, e.g. tracking.experiment=roi-ladder")
     if uri.startswith(("http://", "https://")):
         _probe_server(uri, str(cfg.experiment))
+    elif uri.split(":", 1)[0].split("+", 1)[0] in DATABASE_SCHEMES:
+        _probe_database(uri)
     try:
         if uri.startswith("sqlite:///"):
             db = Path(uri.removeprefix("sqlite:///"))
-            db.parent.mkdir(parents=True, exist_ok=True)
+            _probe_sqlite(db, shown)
             with open(db.with_name(db.name + ".init-lock"), "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
                 MlflowClient(tracking_uri=uri).search_experiments(max_results=1)   # creates and migrates tables
@@ -90,6 +97,61 @@ def _probe_server(uri: str, experiment: str) -> None:
         raise ConfigError(f"the MLflow server at {shown} is unreachable ({reason or type(exc).__name__})",
                           "start it (e.g. mlflow server --host 127.0.0.1 --port 5000) and check tracking.uri, or "
                           "record locally with tracking=local") from None
+
+
+def _probe_database(uri: str) -> None:
+    """A database that is down, refuses the login or lacks its driver is told in PROBE_TIMEOUT_S: MLflow
+    retries a failed connection for about two minutes before it gives up with a traceback."""
+    import threading
+
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    shown, scheme = scrub_text(uri), uri.split(":", 1)[0].split("+", 1)[0]
+    failure: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            engine = sqlalchemy.create_engine(uri, poolclass=NullPool,
+                                              connect_args=CONNECT_TIMEOUT_ARGS.get(scheme, {}))
+            with engine.connect():
+                pass
+            engine.dispose()
+        except Exception as exc:  # noqa: BLE001 - every failure is reported below, scrubbed
+            failure.append(exc)
+
+    probe = threading.Thread(target=attempt, daemon=True)   # daemon: a driver stuck past the deadline is left
+    probe.start()
+    probe.join(PROBE_TIMEOUT_S + 1)
+    if probe.is_alive():
+        raise ConfigError(f"the MLflow database at {shown} did not answer in {PROBE_TIMEOUT_S + 1:.0f} s",
+                          "start it and check host and port in tracking.uri, or record locally with tracking=local")
+    if failure:
+        exc = failure[0]
+        if isinstance(exc, (ImportError, sqlalchemy.exc.NoSuchModuleError)):
+            raise ConfigError(f"tracking.uri={shown} needs a database driver that is not installed "
+                              f"({scrub_text(str(exc))})",
+                              f"install the {scheme} driver SQLAlchemy names, or record locally with tracking=local")
+        reason = scrub_text(" ".join(str(getattr(exc, "orig", None) or exc).split()))[:300]
+        raise ConfigError(f"the MLflow database at {shown} is unreachable ({reason})",
+                          "start it and check host, port, user and password in tracking.uri, or record locally "
+                          "with tracking=local")
+
+
+def _probe_sqlite(db: Path, shown: str) -> None:
+    """An sqlite file MLflow could not write fails now, not at the first logged metric."""
+    import tempfile
+
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=db.parent, prefix=".write-probe-"):   # unique: parallel sweeps
+            pass
+        if db.exists() and not os.access(db, os.W_OK):
+            raise PermissionError(13, "the database file is read-only")
+    except OSError as exc:
+        raise ConfigError(f"the sqlite store tracking.uri={shown} is not writable ({exc.strerror or exc})",
+                          "point tracking.uri at sqlite:///<a writable file>, or set data_dir to a writable folder "
+                          "for tracking=local") from None
 
 
 def slug(name: str) -> str:

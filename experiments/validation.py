@@ -15,6 +15,7 @@ from experiments.capacity import check_config as check_capacity_config
 from experiments.errors import ConfigError
 from experiments.gate import check_config as check_gate_config
 from experiments.load import check_load
+from experiments.settings import check_settings
 from experiments.targets import check_source
 from experiments.workload import LATENCY_METRICS
 from optimizers.base import Env, Optimizer
@@ -76,10 +77,8 @@ def check_writable(data_dir: Path) -> None:
 
 
 def validate(cfg: DictConfig, env: Env | None = None) -> list[tuple[str, Optimizer]]:
+    check_settings(cfg)
     check_source(cfg.target)
-    if not str(cfg.threads).isdigit() or int(cfg.threads) < 1:
-        raise ConfigError(f"threads={cfg.threads} is not an integer >= 1",
-                          "set threads to the cores the engine under test may use, e.g. threads=2")
     bench = cfg.benchmark
     check_load(bench)
     levels = [int(round(float(r))) for r in bench.rates] if bench.mode == "open" else list(bench.concurrency)

@@ -3,6 +3,7 @@ import ctypes
 import time
 
 from optimizers.base import Optimizer
+from optimizers.baseline import EagerBaseline
 
 
 def segfault():
@@ -40,3 +41,10 @@ class Hang(Optimizer):
 
     def apply(self, cand):
         hang()
+
+
+class FailingBaseline(EagerBaseline):
+    """A baseline that cannot be built: the sweep has no champion."""
+
+    def apply(self, cand):
+        raise RuntimeError("scripted baseline failure: the model does not load")

@@ -62,7 +62,7 @@ def test_a_refused_sweep_prints_one_error_and_exits_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "experiments.cli", "sweep", f"data_dir={tmp_path}",
                            "ladder.required=[nope]"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "ladder.required names 'nope', which is not in the ladder" in proc.stdout
+    assert "ladder.required names 'nope', which is not in the ladder" in proc.stderr
     assert not (tmp_path / "cache").exists()      # no model built
 
 
@@ -216,3 +216,236 @@ def test_a_corrupted_cached_artefact_is_detected_by_checksum_and_rebuilt(tmp_pat
 
     (first / "sub" / "config.json").unlink()           # a missing file is caught the same way
     assert cached(tmp_path, "ort-fp32", {"k": 1}, build, notes.append) == (first, False) and len(notes) == 2
+
+
+# --- issue 20: types and ranges, one boundary, no secret printed, no champion is a failure --------------------
+def numeric_leaves(node, prefix: str = ""):
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from numeric_leaves(value, f"{path}.")
+        elif value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)) or (
+                isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value)):
+            yield path
+
+
+# numbers that are not settings a user tunes: a rung's own arguments (checked by its class) and the model build
+NOT_TABLED = ("ladder.*", "target.build.*", "isolation.rungs", "accuracy.include_path", "hardware.peak_*",
+              "benchmark.slos", "diagnosis.next_rung.*")
+
+
+@pytest.mark.parametrize("target", ["tiny-llm", "minilm"])
+def test_every_numeric_setting_in_conf_has_a_type_and_a_range(target):
+    from fnmatch import fnmatch
+
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from conftest import CONF_DIR
+    from experiments.settings import SETTINGS
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=["data_dir=/tmp/unused", f"target={target}"])
+    tabled = [s.key for s in SETTINGS] + list(NOT_TABLED)
+    missing = [k for k in numeric_leaves(OmegaConf.to_container(cfg, resolve=True))
+               if not any(fnmatch(k, pattern) for pattern in tabled)]
+    assert not missing, f"add these to experiments/settings.py SETTINGS: {missing}"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("benchmark.concurrency=[abc]", r"benchmark.concurrency must list integers >= 1 and <= 1024 "
+                                    r"\(benchmark.max_concurrency\), got \['abc'\]\. e.g. benchmark.concurrency="),
+    ("gate.min_gain=2", r"gate.min_gain=2 is not a number in \[0, 1\)\. give the share a challenger must beat"),
+    ("benchmark.min_duration_s=-1", r"benchmark.min_duration_s=-1 is not a number >= 0 and <= 120 "
+                                    r"\(benchmark.max_duration_s\)"),
+    ("benchmark.concurrency=[1,100000000]", r"got \[1, 100000000\]\. .*each client is a thread holding requests in "
+                                            r"memory.*raise benchmark.max_concurrency"),
+    ("isolation.memory_limit_gb=0", r"isolation.memory_limit_gb=0 is not a number \(or null\) > 0\. null takes "
+                                    r"isolation.memory_fraction"),
+    ("target.workload.prompts=some/file.jsonl", r"target.workload.prompts='some/file.jsonl' is not an integer >= 1\."
+                                                r" give the number of prompts"),
+    ("gate.confidence=1.5", r"gate.confidence=1.5 is not a number in \(0, 1\)"),
+    ("soak.max_error_rate=2", r"soak.max_error_rate=2 is not a number in \[0, 1\]"),
+    ("+isolation.rungs.int8={time_limit_s:-5}", r"isolation.rungs.int8.time_limit_s=-5 is not a number > 0"),
+    ("benchmark.max_concurrency=0", r"benchmark.max_concurrency=0 is not an integer >= 1"),
+    ("capacity.headroom=true", r"capacity.headroom=True is not a number in \[1, 3\]"),
+])
+def test_numeric_settings_are_checked_for_type_and_range_before_work(override, message, tmp_path):
+    with pytest.raises(ConfigError, match=message):
+        validate(compose([f"data_dir={tmp_path}", override]), CPU)
+
+
+def test_the_concurrency_ceiling_is_a_setting(tmp_path):
+    cfg = compose([f"data_dir={tmp_path}", "benchmark.concurrency=[1,2048]", "benchmark.max_concurrency=4096"])
+    assert validate(cfg, CPU)
+
+
+PLANTED = "planted-Pw-7319"
+
+
+def database_uri(port: int) -> str:
+    return f"postgresql://roi:{PLANTED}@127.0.0.1:{port}/mlflow"
+
+
+def uncreatable_folder(tmp_path: Path) -> Path:
+    (tmp_path / "a-file").write_text("not a folder")
+    return tmp_path / "a-file" / "data"
+
+
+# each row of issue 20's table as a user runs it: its own process, a planted password on every command line
+ROWS = [
+    ("benchmark.concurrency=[abc]", r"benchmark.concurrency must list integers >= 1"),
+    ("gate.min_gain=2", r"gate.min_gain=2 is not a number in \[0, 1\)"),
+    ("benchmark.min_duration_s=-1", r"benchmark.min_duration_s=-1 is not a number >= 0"),
+    ("benchmark.concurrency=[1,100000000]", r"benchmark.concurrency must list integers >= 1 and <= 1024 \(benchmark"
+                                            r".max_concurrency\), got \[1, 100000000\]\. .*a level above benchmark"
+                                            r".max_concurrency would exhaust the machine"),
+    ("isolation.memory_limit_gb=0", r"isolation.memory_limit_gb=0 is not a number \(or null\) > 0"),
+    ("data_dir=UNCREATABLE", r"data directory .*a-file/data is not writable \(.*\)\. set data_dir="),
+    ("target.workload.prompts=some/file.jsonl", r"target.workload.prompts='some/file.jsonl' is not an integer >= 1"),
+    ("tracking.uri=DATABASE", r"the MLflow database at postgresql://roi:\*\*\*@127.0.0.1:\d+/mlflow is unreachable "
+                              r"\(.*refused.*\)\. start it"),
+]
+
+
+@pytest.mark.parametrize("row, message", ROWS, ids=[r for r, _ in ROWS])
+def test_each_bad_input_row_of_issue_20_is_one_line_exit_2_without_traceback_or_password(row, message, tmp_path):
+    import subprocess
+
+    from conftest import REPO
+
+    port = free_port()
+    args = [f"data_dir={tmp_path / 'data'}", f"tracking.uri={database_uri(port)}"]
+    if row == "data_dir=UNCREATABLE":
+        args[0] = f"data_dir={uncreatable_folder(tmp_path)}"
+    elif row != "tracking.uri=DATABASE":
+        args.append(row)
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "sweep", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out and PLANTED not in out, out
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search(rf"^error: {message}", lines[0]) and lines[0].endswith("."), out
+    assert not list(tmp_path.rglob("cache")), "refused after a model was built"
+    for saved in tmp_path.rglob("*.yaml"):                 # Hydra's record of the job's overrides and config
+        assert PLANTED not in saved.read_text(), saved
+    assert time.perf_counter() - started < 60
+
+
+def test_a_folder_hydra_cannot_create_is_one_line(monkeypatch, capsys, tmp_path):
+    folder = uncreatable_folder(tmp_path)
+    err = run_cli(monkeypatch, capsys, "sweep", f"data_dir={tmp_path}", f"hydra.run.dir={folder}")
+    assert err == f"error: could not create or write {folder} (Not a directory). set data_dir=... or " \
+                  "ROI_LADDER_HOME to a writable folder.", err
+
+
+def test_an_unexpected_error_is_one_line_with_its_traceback_in_a_file(monkeypatch, capsys):
+    def broken(*_):
+        raise RuntimeError(f"engine exploded at postgresql://u:{PLANTED}@db/x")
+
+    monkeypatch.setattr(cli, "_registry_command", broken)
+    monkeypatch.setattr(sys, "argv", ["roi-ladder", "status"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 1 and "\n" not in err and PLANTED not in err, err
+    assert err.startswith("error: RuntimeError: engine exploded at postgresql://u:***@db/x. this is not a known "
+                          "input mistake; the traceback is in "), err
+    kept = Path(err.split("the traceback is in ")[1].split(", report it")[0])
+    assert "Traceback" in kept.read_text() and PLANTED not in kept.read_text()
+    kept.unlink()
+
+
+def test_the_console_and_logs_are_scrubbed(capsys):
+    import logging
+
+    from experiments.secrets import guard_console
+
+    guard_console()
+    print(f"store at postgresql://u:{PLANTED}@db/x, token=hf_{'a' * 24}")
+    logging.getLogger("hydra.core.utils").error("Error executing job with overrides: %s",
+                                                [f"tracking.uri=mysql://u:{PLANTED}@db/x"])
+    captured = capsys.readouterr()
+    assert PLANTED not in captured.out + captured.err and "hf_aaaa" not in captured.out
+    assert "postgresql://u:***@db/x" in captured.out
+
+
+# --- tracking backends fail fast, whatever the scheme --------------------------------------------------------
+def test_an_unreachable_database_is_refused_in_seconds_without_its_password(tmp_path):
+    uri = database_uri(free_port())
+    started = time.perf_counter()
+    with pytest.raises(ConfigError) as refused:
+        tracking.connect(tracking_cfg(uri, tmp_path))
+    assert time.perf_counter() - started < 10            # not MLflow's two minutes of retries
+    assert re.search(r"the MLflow database at postgresql://roi:\*\*\*@127.0.0.1:\d+/mlflow is unreachable "
+                     r"\(.*Connection refused.*\)\. start it", str(refused.value)) and PLANTED not in str(refused.value)
+
+
+def test_a_database_that_accepts_but_never_answers_is_refused_in_seconds(tmp_path):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()                                     # the kernel accepts; nothing ever answers
+    try:
+        started = time.perf_counter()
+        with pytest.raises(ConfigError, match=r"the MLflow database at postgresql://roi:\*\*\*@.* (is unreachable|did "
+                                              r"not answer)"):
+            tracking.connect(tracking_cfg(database_uri(listener.getsockname()[1]), tmp_path))
+        assert time.perf_counter() - started < 10
+    finally:
+        listener.close()
+
+
+def test_a_database_without_its_driver_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"tracking.uri=mssql\+nosuchdriver://u:\*\*\*@h/db .*(driver|cannot be "
+                                          r"used)"):
+        tracking.connect(tracking_cfg(f"mssql+nosuchdriver://u:{PLANTED}@h/db", tmp_path))
+
+
+def test_an_unwritable_sqlite_store_is_refused(tmp_path):
+    db = uncreatable_folder(tmp_path) / "mlflow.db"
+    with pytest.raises(ConfigError, match=rf"the sqlite store tracking.uri=sqlite:///{db} is not writable \(.*\)\. "
+                                          r"point tracking.uri at"):
+        tracking.connect(tracking_cfg(f"sqlite:///{db}", tmp_path))
+
+
+# --- a sweep without a champion -------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_sweep_whose_baseline_fails_exits_non_zero_with_the_reason_last(tmp_path):
+    import os
+    import subprocess
+
+    from mlflow.tracking import MlflowClient
+
+    from conftest import REPO, SHARED_CACHE
+
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "sweep", "profile=quick", "ladder=engine-swap",
+                           "ladder.rungs.baseline._target_=faults.FailingBaseline", "isolation.enabled=false",
+                           f"data_dir={tmp_path}", f"cache_dir={SHARED_CACHE}"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the sweep has no champion: the baseline failed (RuntimeError: scripted baseline "
+                           "failure: the model does not load). fix that and run the sweep again; its runs stay "
+                           "recorded in sqlite:///"), proc.stderr
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("roi-ladder/tiny-llm").experiment_id])
+    verdicts = {r.data.tags.get("roi.rung"): r.data.tags.get("roi.verdict") for r in runs if "roi.rung" in r.data.tags}
+    assert verdicts == {"baseline": "failed", "onnxruntime": "skipped"}
+
+
+def test_a_multirun_of_refusals_echoes_no_password_and_exits_2(tmp_path):
+    import subprocess
+
+    from conftest import REPO
+
+    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "sweep", "--multirun", f"data_dir={tmp_path}",
+                           f"tracking.uri={database_uri(free_port())}", "gate.min_gain=2,3"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in out, out
+    assert PLANTED not in out and "postgresql\\://roi\\:***@" in out, out   # Hydra's escaped echo, masked
+    assert [line[:25] for line in proc.stderr.splitlines()] == ["error: gate.min_gain=2 is", "error: gate.min_gain=3 is"]
+    leaked = [p for p in tmp_path.rglob("*") if p.is_file() and PLANTED in p.read_text(errors="replace")]
+    assert not leaked, leaked

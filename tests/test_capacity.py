@@ -53,8 +53,8 @@ def test_offline_tier_plans_on_the_highest_throughput():
 
 
 @pytest.mark.parametrize("override,message", [({"sla_tier": "gold"}, "sla_tier 'gold' is unknown"),
-                                               ({"peak_qps": 0}, "peak_qps > 0"),
-                                               ({"headroom": 0.5}, "headroom in")])
+                                               ({"peak_qps": 0}, "capacity.peak_qps=0 is not a number > 0"),
+                                               ({"headroom": 0.5}, r"capacity.headroom=0.5 is not a number in \[1, 3\]")])
 def test_bad_capacity_inputs_are_refused(override, message):
     with pytest.raises(ConfigError, match=message):
         check_config(OmegaConf.merge(CFG, override))

@@ -11,6 +11,8 @@ def test_url_passwords_and_token_shapes_are_masked():
     for shaped in ("ghp_" + "x" * 36, "sk-" + "Ab9_" * 6, "AKIA" + "ABCDEFGHIJKLMNOP"):
         assert shaped not in scrub_text(f"value {shaped} end")
     assert scrub_text("postgresql://u:p@ss@h/db") == f"postgresql://u:{MASK}@h/db"
+    # as Hydra echoes an override, colons escaped
+    assert scrub_text(r"uri=postgresql\://u\:pw@h\:5432/db x=1") == rf"uri=postgresql\://u\:{MASK}@h\:5432/db x=1"
     assert scrub_text("https://h/x?access_token=abcdef123456&n=1") == f"https://h/x?access_token={MASK}&n=1"
     assert scrub_text("host=db password=s3cretpw user=roi") == f"host=db password={MASK} user=roi"
     assert scrub_text("Authorization: Bearer eyJhbGciOi.J9.x") == f"Authorization: Bearer {MASK}"

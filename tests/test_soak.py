@@ -135,7 +135,7 @@ def test_a_soak_shorter_than_its_warm_up_is_refused_before_any_work():
 
 @pytest.mark.parametrize("changes, message", [
     ({"window_s": 10.0, "duration_s": 5.0, "warmup_s": 1.0}, "longer than soak.duration_s"),
-    ({"window_s": 0}, "must be positive"),
+    ({"window_s": 0}, "soak.window_s=0 is not a number > 0"),
     ({"budget_mb": -1}, "soak.budget_mb=-1"),
     ({"max_error_rate": -0.1}, "soak.max_error_rate"),
     ({"drift_windows": 1.5}, "soak.drift_windows=1.5"),
