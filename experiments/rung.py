@@ -247,7 +247,7 @@ def soak_criterion(engine, bench: BenchmarkReport, criteria: list[Criterion], sw
     with sweep.ui.stage(f"{name}: soak at c={clients} ({why}) for {total:g} s") as st:
         server = serve(engine)
         try:
-            report = soak.runsoak_criterion(server, sweep.workload, cfg.soak, clients, on_window=lambda w: st.update(
+            report = soak.run_soak(server, sweep.workload, cfg.soak, clients, on_window=lambda w: st.update(
                 f"{name}: soak at c={clients}, {w.start_s + w.duration_s:.0f} of {total:g} s"))
         finally:
             server.close()

@@ -37,8 +37,8 @@ def ladder_view(parent_run_id: str) -> dict:
     """A runs-table view of one sweep, as the UI's Share button stores it: its rungs listed flat (grouping by
     run kind lists child runs that nesting would fold under the sweep), verdict and reason as columns."""
     return {"searchFilter": f"tags.mlflow.parentRunId = '{parent_run_id}'",
-            "selectedColumns": ["tags.`roi.rung`", "tags.`roi.verdict`", "tags.`roi.reason`", "metrics.`ttft_ms_p50`",
-                                "metrics.`tpot_ms_p50`", "metrics.`output_tokens_per_s`", "metrics.`e2e_ms_p50`"],
+            "selectedColumns": ["metrics.`e2e_ms_p50`", "metrics.`output_tokens_per_s`", "tags.`roi.rung`",
+                                "tags.`roi.verdict`", "tags.`roi.reason`"],
             "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "roi.kind"}]}}
 
 

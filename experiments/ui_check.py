@@ -30,7 +30,8 @@ from experiments.ui import EXPERIMENT_KIND, experiment_url, ladder_view_url, run
 
 REPO = Path(__file__).resolve().parent.parent
 NAME_COL, VERDICT_COL = "attributes.`Run Name`", "tags.`roi.verdict`"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
+# A wide window: ag-grid renders only the columns in view, and the verdict column comes after the metrics.
+CHROMIUM_FLAGS = ["--headless", "--window-size=1920,1600", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
@@ -96,6 +97,9 @@ def run_check(data_dir: Path, chromium: str, ladder: str = "engine-swap", cache_
         dom = dump_dom(chromium, url, data_dir / "chromium-profile", budget_ms)
         seconds["browser"] = time.perf_counter() - t
         (data_dir / "runs-table.html").write_text(dom)
+        (data_dir / "screenshots").mkdir(exist_ok=True)
+        screenshot(chromium, url, data_dir / "chromium-profile", budget_ms, data_dir / "screenshots" / "ladder.png")
+        _client(uri).log_artifact(parent, str(data_dir / "screenshots" / "ladder.png"), "ui-check")
         t = time.perf_counter()
         pages = review_pages(uri, experiment_id, parent, set(expected), chromium, data_dir, budget_ms)
         seconds["review pages"] = time.perf_counter() - t
@@ -163,7 +167,6 @@ def review_pages(uri: str, experiment_id: str, parent: str, rungs: set[str], chr
     run = client.get_run(parent)
     champion = run.data.tags.get("roi.champion_rung", "")
     shots = data_dir / "screenshots"
-    shots.mkdir(exist_ok=True)
     pages = []
     for name, url, texts in (
             ("experiment (runs view)", experiment_url(uri, experiment_id), [run.info.run_name]),
@@ -202,7 +205,7 @@ def _visible_text(dom: str) -> str:
 def screenshot(chromium: str, url: str, profile: Path, budget_ms: int, out: Path, timeout_s: float = 120) -> None:
     shutil.rmtree(profile, ignore_errors=True)
     cmd = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}",
-           "--window-size=1400,1000", "--hide-scrollbars", f"--screenshot={out}", url]
+           "--hide-scrollbars", f"--screenshot={out}", url]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         _, err = proc.communicate(timeout=timeout_s)

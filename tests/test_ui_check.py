@@ -42,6 +42,6 @@ def test_the_runs_table_shows_every_rung_and_its_verdict(model_dir, tmp_path):
     assert "diagnosis/queue_share_c2" in parent.data.metrics and "profile/decode_step_ms" in parent.data.metrics
     assert "roi.diagnosis.framework_profile" not in parent.data.tags          # the profiler did not fail
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "ui-check")} == {
-        "ui-check/experiment.png", "ui-check/sweep.png", "ui-check/report.png"}
+        "ui-check/ladder.png", "ui-check/experiment.png", "ui-check/sweep.png", "ui-check/report.png"}
     profile = client.download_artifacts(parent.info.run_id, "diagnosis/framework_profile.md", str(tmp_path))
     assert "self ms per step" in open(profile).read()
