@@ -1,4 +1,6 @@
+import logging
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,17 @@ REPO = Path(__file__).resolve().parent.parent
 CONF_DIR = str(REPO / "conf")
 # Tests share the built model and engine artefacts with `make sweep` (content-hashed, so sharing is safe).
 SHARED_CACHE = Path(os.environ.get("ROI_LADDER_TEST_CACHE", REPO / ".roi" / "cache"))
+
+
+@pytest.fixture(autouse=True)
+def _console_restored(monkeypatch):
+    """cli.main() wraps sys.stdout/err and the log record factory in the secret scrubber for the life of its
+    process; run inside a test, the wrappers must end with it (else they outlive the test's closed capture)."""
+    monkeypatch.setattr(sys, "stdout", sys.stdout)
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    factory = logging.getLogRecordFactory()
+    yield
+    logging.setLogRecordFactory(factory)
 
 
 def compose(overrides=()):
