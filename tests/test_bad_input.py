@@ -2,6 +2,7 @@
 what was wrong and what to do, raised before any model is built or measured, with nothing recorded lost."""
 import re
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import compose
+from conftest import REPO, compose
 from experiments import cli, tracking
 from experiments.artefacts import cached
 from experiments.errors import ConfigError
@@ -54,9 +55,7 @@ def test_other_commands_refuse_a_bad_override_the_same_way(monkeypatch, capsys, 
 
 
 def test_a_refused_sweep_prints_one_error_and_exits_2(tmp_path):
-    import subprocess
 
-    from conftest import REPO
 
     # its own process: Hydra's job logging would outlive pytest's capture of this one
     proc = subprocess.run([sys.executable, "-m", "experiments.cli", "sweep", f"data_dir={tmp_path}",
@@ -309,9 +308,7 @@ ROWS = [
 
 @pytest.mark.parametrize("row, message", ROWS, ids=[r for r, _ in ROWS])
 def test_each_bad_input_row_of_issue_20_is_one_line_exit_2_without_traceback_or_password(row, message, tmp_path):
-    import subprocess
 
-    from conftest import REPO
 
     port = free_port()
     args = [f"data_dir={tmp_path / 'data'}", f"tracking.uri={database_uri(port)}"]
@@ -333,11 +330,14 @@ def test_each_bad_input_row_of_issue_20_is_one_line_exit_2_without_traceback_or_
     assert time.perf_counter() - started < 60
 
 
-def test_a_folder_hydra_cannot_create_is_one_line(monkeypatch, capsys, tmp_path):
+def test_a_folder_hydra_cannot_create_is_one_line(tmp_path):
+    # a real process: Hydra's job logging set up in pytest's own process closes pytest's captured stderr
     folder = uncreatable_folder(tmp_path)
-    err = run_cli(monkeypatch, capsys, "sweep", f"data_dir={tmp_path}", f"hydra.run.dir={folder}")
-    assert err == f"error: could not create or write {folder} (Not a directory). set data_dir=... or " \
-                  "ROI_LADDER_HOME to a writable folder.", err
+    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "sweep", f"data_dir={tmp_path}",
+                           f"hydra.run.dir={folder}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == f"error: could not create or write {folder} (Not a directory). set data_dir=... " \
+                                  "or ROI_LADDER_HOME to a writable folder.", proc.stderr
 
 
 def test_an_unexpected_error_is_one_line_with_its_traceback_in_a_file(monkeypatch, capsys):
@@ -413,7 +413,6 @@ def test_an_unwritable_sqlite_store_is_refused(tmp_path):
 @pytest.mark.slow
 def test_a_sweep_whose_baseline_fails_exits_non_zero_with_the_reason_last(tmp_path):
     import os
-    import subprocess
 
     from mlflow.tracking import MlflowClient
 
@@ -436,9 +435,7 @@ def test_a_sweep_whose_baseline_fails_exits_non_zero_with_the_reason_last(tmp_pa
 
 
 def test_a_multirun_of_refusals_echoes_no_password_and_exits_2(tmp_path):
-    import subprocess
 
-    from conftest import REPO
 
     proc = subprocess.run([sys.executable, "-m", "experiments.cli", "sweep", "--multirun", f"data_dir={tmp_path}",
                            f"tracking.uri={database_uri(free_port())}", "gate.min_gain=2,3"], cwd=REPO,
