@@ -45,7 +45,9 @@ class CausalLM:
         if self.tasks or include_path is not None:
             check_tasks(self.tasks, include_path)
         self.tokenizer = _tokenizer(target.model_dir)
-        self.context_length = context_length(json.loads((Path(target.model_dir) / "config.json").read_text()))
+        config = json.loads((Path(target.model_dir) / "config.json").read_text())
+        self.context_length = context_length(config)
+        self.stop_ids = _stop_ids(config, self.tokenizer)
         self.agreement = cfg.target.get("agreement")   # null: not a criterion (the built-ins gate on lm-eval)
         fid = cfg.gate.fidelity
         self.windows = fixed_sequences(self.tokenizer, texts, int(fid.sequences), int(fid.length), cfg.seed)
@@ -85,7 +87,8 @@ class CausalLM:
                 generations = None
                 if self.agreement:
                     prompts = [p.token_ids for p in self.workload().prompts[:int(self.agreement.prompts)]]
-                    generations = BaselineGenerations.record(engine, prompts, int(self.agreement.tokens))
+                    generations = BaselineGenerations.record(engine, prompts, int(self.agreement.tokens),
+                                                             self.stop_ids)
                 self.reference = Reference(BaselineLogprobs.record(engine, self.windows), generations)
             ref = self.reference
             agreement = ref.generations.compare(engine) if ref.generations is not None else None
@@ -154,6 +157,13 @@ def for_target(cfg, target, texts: list[str], include_path: Path | None):
     if target.kind not in KINDS:
         raise ConfigError(f"target.kind {target.kind!r} is unknown", f"use one of: {', '.join(KINDS)}")
     return KINDS[target.kind](cfg, target, texts, include_path)
+
+
+def _stop_ids(config: dict, tokenizer) -> list[int]:
+    """End-of-sequence ids from the model's config (an id or a list) and its tokenizer."""
+    eos = config.get("eos_token_id")
+    ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    return sorted(ids | ({tokenizer.eos_token_id} - {None}))
 
 
 def _tokenizer(model_dir):

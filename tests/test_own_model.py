@@ -209,3 +209,21 @@ def test_smollm2s_gguf_tokenizer_round_trips_where_the_loaders_does_not(tmp_path
     check_round_trip(ours, path.name)
     assert (ours.bos_token, ours.eos_token) == ("<|im_start|>", "<|im_end|>")
     assert ours("Paris").input_ids == ours("Paris", add_special_tokens=False).input_ids   # no BOS prepended
+
+
+def test_agreement_compares_the_answer_up_to_the_baselines_stop_token():
+    """torch emits the stop token and goes on; ONNX Runtime bans it (min_length) and emits another: both served
+    the same answer, which is what agreement compares."""
+    class EmitsStop:
+        def generate(self, prompt_ids, max_new_tokens):
+            for i in range(max_new_tokens):
+                yield (9 if i == 2 else prompt_ids[-1]), 0.0
+
+    class BansStop:
+        def generate(self, prompt_ids, max_new_tokens):
+            for i in range(max_new_tokens):
+                yield (7 if i == 2 else prompt_ids[-1]), 0.0
+
+    reference = BaselineGenerations.record(EmitsStop(), [[1, 2]], tokens=6, stop_ids=[9])
+    assert reference.outputs == ((2, 2),) and reference.compare(BansStop()).agreed == 1
+    assert BaselineGenerations.record(BansStop(), [[1, 2]], tokens=6, stop_ids=[9]).compare(EmitsStop()).agreed == 0
