@@ -16,6 +16,7 @@ from experiments.benchmark import Workload
 from experiments.errors import ConfigError
 from experiments.gate import Criterion
 from experiments.models.hf_folder import context_length
+from experiments.task_data import check_offline
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class CausalLM:
         self.tasks = list(cfg.accuracy.tasks)
         if self.tasks or include_path is not None:
             check_tasks(self.tasks, include_path)
+            check_offline(self.tasks, include_path)
         self.tokenizer = _tokenizer(target.model_dir)
         config = json.loads((Path(target.model_dir) / "config.json").read_text())
         self.context_length = context_length(config)

@@ -227,3 +227,12 @@ def test_agreement_compares_the_answer_up_to_the_baselines_stop_token():
     reference = BaselineGenerations.record(EmitsStop(), [[1, 2]], tokens=6, stop_ids=[9])
     assert reference.outputs == ((2, 2),) and reference.compare(BansStop()).agreed == 1
     assert BaselineGenerations.record(BansStop(), [[1, 2]], tokens=6, stop_ids=[9]).compare(EmitsStop()).agreed == 0
+
+
+def test_an_lm_eval_task_whose_data_is_not_offline_is_refused_naming_the_dataset(monkeypatch):
+    from experiments.task_data import check_offline
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match=r"task 'hellaswag' reads the Hugging Face dataset Rowan/hellaswag, which is "
+                                          r"not available offline.*load_dataset\('Rowan/hellaswag'\)"):
+        check_offline(["hellaswag"], None)
