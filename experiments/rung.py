@@ -133,11 +133,12 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
                 if cfg.gate.get("slos_still_met", True):
                     criteria.append(gate.slos(champion.bench, outcome.bench))
                 criteria += _accuracy_criteria(gate, champion.accuracy, outcome.accuracy)
-                fidelity = sweep.kind.judge(outcome.fidelity)
+                drift = sweep.kind.judge(outcome.fidelity)   # fidelity (and generation agreement) vs the baseline
                 if opt.fidelity_gated:
-                    criteria.append(fidelity)
+                    criteria += drift
                 else:
-                    tracking.set_tag("roi.fidelity", f"recorded, not gated for this rung: {fidelity.detail}")
+                    tracking.set_tag("roi.fidelity", "recorded, not gated for this rung: "
+                                                     + "; ".join(c.detail for c in drift))
                 criteria += soak_criterion(engine, outcome.bench, criteria, sweep, name)
                 outcome.verdict = Verdict.from_criteria(criteria)
                 _log_criteria(outcome.verdict.criteria)

@@ -5,11 +5,16 @@ import os
 from pathlib import Path
 
 from experiments.errors import ConfigError
-from experiments.models.corpus import Corpus
+from experiments.models.corpus import Corpus, texts_from
+from experiments.models.gguf import ensure_converted
+from experiments.models.hf_folder import check_pooling
+from experiments.models.hf_folder import inspect as inspect_folder
 from experiments.models.tiny_llm import TinyLlmRecipe, ensure_built, task_include_path
 from optimizers.base import Target
 
-BUILTINS = {"builtin:tiny-llm": "causal-lm", "builtin:minilm": "embedding"}
+BUILTINS = {"builtin:tiny-llm": "causal-lm", "builtin:minilm": "embedding", "builtin:smollm2-135m": "causal-lm"}
+BUILTIN_NAMES = {"tiny-llm", "minilm", "smollm2"}
+DEFAULT_HELDOUT_EVERY = 8   # the stdlib's held-out files, as tiny-llm's build splits them: text no model here trained on
 
 
 def check_source(cfg_target) -> None:
@@ -23,16 +28,16 @@ def check_source(cfg_target) -> None:
                               f"{BUILTINS[source]!r}", f"set target.kind={BUILTINS[source]} or drop the override")
         return
     path = Path(source).expanduser()
-    if path.exists():
-        missing = [what for what, ok in (
-            ("config.json", (path / "config.json").exists()),
-            ("*.safetensors weights", any(path.glob("*.safetensors"))),
-            ("tokenizer files", (path / "tokenizer.json").exists() or (path / "tokenizer.model").exists()),
-        ) if not ok]
-        if missing:
-            raise ConfigError(f"model folder {path} lacks {', '.join(missing)}",
-                              "point target.source at a Hugging Face folder saved with save_pretrained "
-                              "(safetensors weights and tokenizer included)")
+    if path.is_file() and path.suffix == ".gguf":
+        if _given_kind(cfg_target) not in (None, "causal-lm"):
+            raise ConfigError(f"target.kind={cfg_target.kind} does not match {path.name}: a GGUF holds a causal LM",
+                              "set target.kind=causal-lm or drop the override")
+    elif path.exists():
+        inspect_folder(path, _given_kind(cfg_target))
+        if cfg_target.get("name") in BUILTIN_NAMES:
+            raise ConfigError(f"target.source={source} is a model folder, but the target config is the built-in "
+                              f"{cfg_target.name}'s", f"add target=folder: `roi-ladder sweep target=folder "
+                              f"target.source={source}`")
         return
     if "/" in source and not source.startswith((".", "/")) and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise ConfigError(f"target.source {source!r} looks like a hub id, but HF_HUB_OFFLINE=1 forbids downloads",
@@ -55,5 +60,42 @@ def resolve(cfg_target, cache_dir: Path, data_dir: Path, progress) -> tuple[Targ
         # The workload embeds the retrieval set's own queries and passages: short and long texts mixed.
         texts = RetrievalSet.from_stdlib(int(cfg_target.workload.texts), int(cfg_target.workload.seed)).texts()
         return Target(cfg_target.name, cfg_target.kind, model_dir()), texts, None
-    raise ConfigError(f"target.source {cfg_target.source!r}: only the built-in targets have a workload corpus so far",
-                      "use target=tiny-llm or target=minilm")
+    if str(cfg_target.source) == "builtin:smollm2-135m":
+        from experiments.models import smollm2
+
+        model_dir = smollm2.ensure_built(cache_dir, progress)
+        tasks = smollm2.task_include_path(data_dir / "tasks" / model_dir.name)
+        return Target(cfg_target.name, cfg_target.kind, model_dir), _corpus_texts(cfg_target), tasks
+    return _folder(cfg_target, cache_dir, progress)
+
+
+def _folder(cfg_target, cache_dir: Path, progress) -> tuple[Target, list[str], None]:
+    """A user's Hugging Face folder, or a GGUF file converted once into one. Its detected kind is written back
+    into the config, so that the runs' params (and `roi-ladder promote`) say what it is."""
+    path = Path(str(cfg_target.source)).expanduser()
+    if path.suffix == ".gguf":
+        path = ensure_converted(path, cache_dir, progress)
+    folder = inspect_folder(path, _given_kind(cfg_target))
+    cfg_target.kind = folder.kind
+    if folder.kind == "embedding":
+        from experiments.models.minilm import RetrievalSet
+
+        check_pooling(folder.path)
+        if isinstance(cfg_target.workload.get("prompts"), str):
+            raise ConfigError(f"target.workload.prompts={cfg_target.workload.prompts} is for a causal LM; {folder.path.name} "
+                              f"is an embedding model, served and scored on the built-in retrieval set so far",
+                              "drop target.workload.prompts for this model")
+        texts = RetrievalSet.from_stdlib(int(cfg_target.workload.texts), int(cfg_target.workload.seed)).texts()
+    else:
+        texts = _corpus_texts(cfg_target)
+    return Target(str(cfg_target.name), folder.kind, folder.path), texts, None
+
+
+def _corpus_texts(cfg_target) -> list[str]:
+    corpus = cfg_target.workload.get("corpus")
+    return texts_from(corpus) if corpus else Corpus.from_stdlib(DEFAULT_HELDOUT_EVERY).heldout
+
+
+def _given_kind(cfg_target) -> str | None:
+    kind = cfg_target.get("kind")
+    return None if kind in (None, "auto") else str(kind)

@@ -33,3 +33,24 @@ class Corpus:
 def code_lines(text: str, min_chars: int = 1) -> list[str]:
     """Non-blank lines with trailing whitespace removed (indentation kept: it is what a code model learns first)."""
     return [ln.rstrip() for ln in text.splitlines() if len(ln.strip()) >= min_chars]
+
+
+def texts_from(path) -> list[str]:
+    """The text of a file, or of every file under a folder (sorted; files that are not UTF-8 text skipped)."""
+    from experiments.errors import ConfigError
+
+    path = Path(path).expanduser()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+    if not path.exists():
+        raise ConfigError(f"target.workload.corpus {path} does not exist", "pass a text file or a folder of them")
+    texts = []
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if text.strip():
+            texts.append(text)
+    if not texts:
+        raise ConfigError(f"target.workload.corpus {path} holds no UTF-8 text", "pass a text file or a folder of them")
+    return texts
