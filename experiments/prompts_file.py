@@ -99,7 +99,8 @@ def _prompt_text(where: str, line: dict, tokenizer) -> str:
 def workload(requests: list[Request], warmup_count: int, seed: int):
     """Every request measured, in file order (the load cycles through them); the warm-up draws from the same
     file, seeded: the user's traffic has no other prompts to warm up with."""
-    from experiments.benchmark import Prompt, Workload
+    from experiments.serving.request import Prompt
+    from experiments.workload import Workload
 
     prompts = tuple(Prompt(i, r.token_ids, r.max_tokens) for i, r in enumerate(requests))
     rng = random.Random(seed)

@@ -41,7 +41,7 @@ def run_cli(monkeypatch, capsys, *argv) -> str:
                                   r"its spelling .*\+benchmark.no_such_key=\.\.\. to add a new key"),
     (["benchmark.concurrency=[1"], r"override 'benchmark.concurrency=\[1' does not parse .*quote a value"),
     (["target=tiny-llm,minilm"], r"override target=tiny-llm,minilm gives several values\. add --multirun"),
-    (["--multirun", "target=tiny-llm,nope"], r"target 'nope' has no config .* use one of: minilm, tiny-llm"),
+    (["--multirun", "target=tiny-llm,nope"], r"target 'nope' has no config .* use one of: folder, minilm, smollm2, tiny-llm"),
 ])
 def test_a_bad_override_is_one_line_before_hydra_runs(args, message, monkeypatch, capsys, tmp_path):
     err = run_cli(monkeypatch, capsys, "sweep", *args, f"data_dir={tmp_path}")

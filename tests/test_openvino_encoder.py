@@ -90,8 +90,10 @@ def test_precision_other_than_fp32_is_refused(minilm, artefacts):
 
 def test_the_rung_swaps_an_encoder_and_says_why_not_otherwise(minilm):
     rung = OpenVinoSwap()
-    torch_champion = Candidate(minilm, Recipe(execution_provider="cuda", compile="none"))
+    torch_champion = Candidate(minilm, Recipe(compile="none"))
     assert rung.check(CPU, torch_champion) is None
+    on_gpu = Candidate(minilm, Recipe(execution_provider="cuda"))
+    assert "does not move the model" in rung.check(CPU, on_gpu)    # the device is the champion's (target.device)
     challenger = rung.apply(torch_champion)
     assert (challenger.recipe.engine, challenger.recipe.execution_provider, challenger.rungs) == \
         ("openvino", "cpu", ("openvino",))

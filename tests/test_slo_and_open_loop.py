@@ -25,7 +25,7 @@ def test_bad_slo_in_config_is_refused_before_work(tmp_path):
         validate(compose([f"data_dir={tmp_path}", "benchmark.slos=['p99_latency<=5']"]))
     with pytest.raises(ConfigError, match="needs SLOs"):
         validate(compose([f"data_dir={tmp_path}", "benchmark.sla_search=true", "benchmark.slos=[]"]))
-    with pytest.raises(ConfigError, match="rates > 0"):
+    with pytest.raises(ConfigError, match="rates must list numbers > 0"):
         validate(compose([f"data_dir={tmp_path}", "benchmark.mode=open", "benchmark.rates=[0]"]))
 
 
