@@ -26,11 +26,19 @@ class Request:
     max_tokens: int
 
 
-def read(path: Path, tokenizer, output_tokens: Sequence[int], context_length: int | None, seed: int) -> list[Request]:
-    """Every request in the file, tokenized; an output length drawn (seeded) for lines without max_tokens."""
+def check_file(path: Path) -> None:
+    """Before anything is built: the file is there and not empty (its lines need the model's tokenizer)."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise ConfigError(f"target.workload.prompts file {path} does not exist", f"pass a JSONL file: {FORMAT}")
+    if not path.read_text(encoding="utf-8", errors="replace").strip():
+        raise ConfigError(f"target.workload.prompts file {path} is empty", f"write {FORMAT}")
+
+
+def read(path: Path, tokenizer, output_tokens: Sequence[int], context_length: int | None, seed: int) -> list[Request]:
+    """Every request in the file, tokenized; an output length drawn (seeded) for lines without max_tokens."""
+    path = Path(path).expanduser()
+    check_file(path)
     rng = random.Random(seed)
     requests = []
     with path.open(encoding="utf-8") as fh:

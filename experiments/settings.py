@@ -26,6 +26,7 @@ class Setting:
     hint: str
     nullable: bool = False  # null is a value of its own (e.g. "no limit", "measure it")
     many: bool = False      # a non-empty list of such values
+    or_file: bool = False   # a string is a file's path instead, read and checked by its own reader
 
 
 POSITIVE, NON_NEGATIVE, AT_LEAST_ONE, SHARE = "(0, inf)", "[0, inf)", "[1, inf)", "[0, 1]"
@@ -50,10 +51,11 @@ SETTINGS = (
     Setting("benchmark.request_timeout_s", float, POSITIVE, "e.g. benchmark.request_timeout_s=30"),
     Setting("benchmark.gamma_shape", float, POSITIVE, "e.g. benchmark.gamma_shape=1.0 (Poisson)"),
     Setting("benchmark.seed", int, NON_NEGATIVE, "e.g. benchmark.seed=0 (default: seed)"),
-    # --- the workload (target.workload.prompts: a count until prompt files are supported)
+    # --- the workload (target.workload.prompts: a count of synthetic prompts, or the user's JSONL file)
     Setting("target.workload.prompts", int, AT_LEAST_ONE,
-            "give the number of prompts to draw, e.g. target.workload.prompts=256 (a prompts file is not "
-            "supported)"),
+            "give the number of prompts to draw, e.g. target.workload.prompts=256, or a JSONL prompts file",
+            nullable=True, or_file=True),
+    Setting("target.workload.requests", int, AT_LEAST_ONE, "e.g. target.workload.requests=256"),
     Setting("target.workload.input_tokens", int, AT_LEAST_ONE, "e.g. target.workload.input_tokens=[16,48,96]",
             many=True),
     Setting("target.workload.output_tokens", int, AT_LEAST_ONE, "e.g. target.workload.output_tokens=[16,32,64]",
@@ -189,7 +191,7 @@ def _expand(scope: Scope, pattern: str) -> list[str]:
 
 def _check(scope: Scope, setting: Setting, key: str) -> None:
     value = scope.select(key)
-    if value is ABSENT or (value is None and setting.nullable):
+    if value is ABSENT or (value is None and setting.nullable) or (setting.or_file and isinstance(value, str)):
         return
     bounds = INTERVAL.match(setting.interval)
     low, high = _bound(scope, bounds["low"]), _bound(scope, bounds["high"])

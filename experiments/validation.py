@@ -15,6 +15,7 @@ from experiments.capacity import check_config as check_capacity_config
 from experiments.errors import ConfigError
 from experiments.gate import check_config as check_gate_config
 from experiments.load import check_load
+from experiments.prompts_file import check_file
 from experiments.settings import check_settings
 from experiments.targets import check_source
 from experiments.workload import LATENCY_METRICS
@@ -79,6 +80,8 @@ def check_writable(data_dir: Path) -> None:
 def validate(cfg: DictConfig, env: Env | None = None) -> list[tuple[str, Optimizer]]:
     check_settings(cfg)
     check_source(cfg.target)
+    if isinstance(cfg.target.get("workload", {}).get("prompts"), str):   # the user's own traffic
+        check_file(Path(cfg.target.workload.prompts))
     bench = cfg.benchmark
     check_load(bench)
     levels = [int(round(float(r))) for r in bench.rates] if bench.mode == "open" else list(bench.concurrency)

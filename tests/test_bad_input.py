@@ -260,8 +260,8 @@ def test_every_numeric_setting_in_conf_has_a_type_and_a_range(target):
                                             r"memory.*raise benchmark.max_concurrency"),
     ("isolation.memory_limit_gb=0", r"isolation.memory_limit_gb=0 is not a number \(or null\) > 0\. null takes "
                                     r"isolation.memory_fraction"),
-    ("target.workload.prompts=some/file.jsonl", r"target.workload.prompts='some/file.jsonl' is not an integer >= 1\."
-                                                r" give the number of prompts"),
+    ("target.workload.prompts=some/file.jsonl", r"target.workload.prompts file some/file.jsonl does not exist\."
+                                                r" pass a JSONL file"),
     ("gate.confidence=1.5", r"gate.confidence=1.5 is not a number in \(0, 1\)"),
     ("soak.max_error_rate=2", r"soak.max_error_rate=2 is not a number in \[0, 1\]"),
     ("+isolation.rungs.int8={time_limit_s:-5}", r"isolation.rungs.int8.time_limit_s=-5 is not a number > 0"),
@@ -300,7 +300,7 @@ ROWS = [
                                             r".max_concurrency would exhaust the machine"),
     ("isolation.memory_limit_gb=0", r"isolation.memory_limit_gb=0 is not a number \(or null\) > 0"),
     ("data_dir=UNCREATABLE", r"data directory .*a-file/data is not writable \(.*\)\. set data_dir="),
-    ("target.workload.prompts=some/file.jsonl", r"target.workload.prompts='some/file.jsonl' is not an integer >= 1"),
+    ("target.workload.prompts=some/file.jsonl", r"target.workload.prompts file some/file.jsonl does not exist"),
     ("tracking.uri=DATABASE", r"the MLflow database at postgresql://roi:\*\*\*@127.0.0.1:\d+/mlflow is unreachable "
                               r"\(.*refused.*\)\. start it"),
 ]
