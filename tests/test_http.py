@@ -314,7 +314,7 @@ def cli(monkeypatch, *argv) -> int:
 @pytest.mark.parametrize("override, says", [
     ("benchmark.slos=['p99_e2e<=5']", "SLO 'p99_e2e<=5' does not parse"),
     ("benchmark.concurrency=[0,2]", "benchmark.concurrency must list integers >= 1"),
-    ("target.workload.prompts=0", "target.workload.prompts=0 is not an integer >= 1"),
+    ("target.workload.prompts=0", "target.workload.prompts=0 is not an integer (or null) >= 1"),
 ])
 def test_bench_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, tmp_path, override, says):
     code = cli(monkeypatch, "bench", "--endpoint", "http://127.0.0.1:9", f"data_dir={tmp_path}", override)
