@@ -180,12 +180,12 @@ def _performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate,
     if not rounds_cfg.rounds:
         return [gate.performance(champion.bench, bench)]
     c = gate.objective_concurrency(champion.bench)
-    rounds = _rounds(champion.candidate, cand, sweep, name, apart, c, "")
+    rounds = _rounds(champion.candidate, cand, sweep, name, apart, c, 1)
     consistency = gate.consistency(rounds, champion.bench, bench)
     if not consistency.passed:
         tracking.set_tag("roi.gate.first_measurement", f"inconsistent, measured again: {consistency.detail}"[:5000])
         _log_rounds(rounds, cfg.gate.objective, "gate/first_interleaved_rounds.csv", "gate/first_round_ratio")
-        rounds = _rounds(champion.candidate, cand, sweep, name, apart, c, " (again: the first was inconsistent)")
+        rounds = _rounds(champion.candidate, cand, sweep, name, apart, c, 2)
         consistency = gate.consistency(rounds, champion.bench, bench)
     _log_rounds(rounds, cfg.gate.objective, "gate/interleaved_rounds.csv", "gate/round_ratio")
     tracking.set_tag("roi.gate.interleaved", "each run a fresh build in a fresh process of its own, nothing else "
@@ -194,8 +194,9 @@ def _performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate,
 
 
 def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart: contender.Apart, c: int,
-            why: str) -> interleaved.Rounds:
+            attempt: int) -> interleaved.Rounds:
     cfg = sweep.cfg
+    why = "" if attempt == 1 else " (again: the first was inconsistent)"
     rounds_cfg = cfg.gate.interleaved
     threads, artefacts = int(cfg.threads), Path(cfg.cache_dir) / "artefacts"
     load = interleaved.load_config(cfg.benchmark, rounds_cfg, c)
@@ -205,7 +206,7 @@ def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart
         def one():
             count[who] += 1
             return contender.level_run(recipe, threads, artefacts, sweep.workload, load, c, cfg.gate.confidence,
-                                       apart, f"{who}-{count[who]}")
+                                       apart, f"rounds{attempt}-{who}-{count[who]}")
         return one
 
     title = f"{name}: champion and challenger in {rounds_cfg.rounds} alternating rounds at c={c}{why}"
