@@ -51,7 +51,7 @@ class SweepConsole:
                            f"— {outcome.verdict.reason}")
 
     def summary(self, result, top: int, tracking_uri: str) -> None:
-        from experiments.outcome import RungOutcome
+        from experiments.outcome import RungOutcome, cell
 
         table = Table(title="ROI ladder", show_lines=True)
         first = result.outcomes[0].candidate if result.outcomes else None
@@ -62,7 +62,7 @@ class SweepConsole:
             s = o.summary(top)
             before = o.champion_before.summary(top) if o.champion_before else {}
             table.add_row(o.name, f"[{VERDICT_STYLE.get(o.verdict.status, '')}]{o.verdict.status}",
-                          *(_cell(s, before, key, fmt) for key, _, fmt in columns), o.verdict.reason)
+                          *(cell(s, before, key, fmt) for key, _, fmt in columns), o.verdict.reason)
         self.console.print(table)
         champ = result.champion
         self.console.print(f"Champion: [bold]{champ.name if champ else 'none'}[/bold] "
@@ -117,12 +117,3 @@ class _Stage:
 
     def update(self, text: str) -> None:
         self._status.update(text)
-
-
-def _cell(now: dict, before: dict, key: str, fmt: str) -> str:
-    if key not in now:
-        return "–"
-    text = fmt % now[key]
-    if key in before and before[key]:
-        text += f" ({(now[key] / before[key] - 1) * 100:+.0f} %)"
-    return text

@@ -31,7 +31,8 @@ def logprob_scorer(engine) -> Scorer:
 
     model = getattr(engine, "model", None)
     if isinstance(model, torch.nn.Module):
-        return partial(_torch_logprobs, model)
+        # through the callable that serves (a compiled one: its own kernels), else the module itself
+        return partial(_torch_logprobs, getattr(engine, "serving_forward", model), model.device)
     lm = engine.lm_eval_model(batch_size=1)
     if callable(getattr(lm, "_logprobs", None)):
         return lm._logprobs
@@ -44,12 +45,12 @@ def sequence_logprobs(engine, token_ids: Sequence[int]) -> np.ndarray:
     return logprob_scorer(engine)(token_ids)
 
 
-def _torch_logprobs(model, token_ids: Sequence[int]) -> np.ndarray:
+def _torch_logprobs(forward, device, token_ids: Sequence[int]) -> np.ndarray:
     import torch
 
     with torch.inference_mode():
-        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=model.device)
-        logits = model(input_ids=ids, use_cache=False).logits[0].cpu()
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)
+        logits = forward(input_ids=ids, use_cache=False).logits[0].cpu()
     # float64 before the softmax, as the ONNX scorer does, so both runtimes round the same way afterwards.
     return torch.log_softmax(logits.double(), dim=-1).numpy()
 

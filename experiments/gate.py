@@ -12,7 +12,7 @@ from experiments.accuracy import AccuracyReport
 from experiments.benchmark import BenchmarkReport
 from experiments.errors import ConfigError
 from experiments.interleaved import check_config as check_interleaved
-from experiments.stats import min_rounds, ratio_ci, rounds_ratio_ci
+from experiments.stats import min_rounds, ratio_ci, rounds_ratio_ci, summary_stat
 
 TOLERANCES = ("max_drop_abs", "max_drop_rel")
 # lm-eval's per-document metric name, as in its samples; results keys add a filter (`acc,none`).
@@ -81,6 +81,38 @@ class Gate:
                   "round_ratio_max": float(ratios.max())}
         return self._judged(ratio, lo, hi, label, spread)
 
+    def consistency(self, rounds, champion: BenchmarkReport, challenger: BenchmarkReport,
+                    challenger_name: str = "challenger", champion_name: str = "champion") -> Criterion:
+        """Is the rounds' comparison valid? Each side's objective in the rounds (median over rounds) must be
+        within `consistency.max_deviation` of its own recorded run at that level (the champion's run, the
+        challenger's load ladder), and a gain the rounds show must show in the recorded runs too: otherwise
+        the rounds measured something else than the configurations (a disturbed process, a neighbour)."""
+        obj, c = self.cfg.objective, rounds.concurrency
+        tolerance = float(self.cfg.consistency.max_deviation)
+        sides = {"champion": (champion_name, champion), "challenger": (challenger_name, challenger)}
+        numbers, off = {}, []
+        for side, (name, recorded) in sides.items():
+            was = _objective(recorded.level(c).values(obj.metric), obj.stat)
+            now = float(np.median([_objective(lv.values(obj.metric), obj.stat) for lv in rounds.runs[name]]))
+            deviation = now / was - 1 if was > 0 else math.inf
+            numbers.update({f"{side}_rounds": now, f"{side}_recorded": was, f"{side}_deviation": deviation})
+            if not abs(deviation) <= tolerance:
+                off.append(f"{side} {obj.metric} {obj.stat} {now:.1f} in the rounds vs {was:.1f} in its own run "
+                           f"({deviation:+.0%}, beyond ±{tolerance:.0%})")
+        recorded_ratio = numbers["challenger_recorded"] / numbers["champion_recorded"]
+        rounds_ratio = float(np.nanmedian(rounds.ratios(challenger_name, champion_name, obj.metric, obj.stat)))
+        numbers.update({"recorded_ratio": recorded_ratio, "rounds_ratio_median": rounds_ratio,
+                        "max_deviation": tolerance})
+        if rounds_ratio < 1 and not recorded_ratio < 1:
+            off.append(f"the rounds show a gain (ratio {rounds_ratio:.3f}) the recorded runs do not "
+                       f"(challenger {numbers['challenger_recorded']:.1f} vs champion "
+                       f"{numbers['champion_recorded']:.1f}: {recorded_ratio:.3f})")
+        if off:
+            return Criterion("consistency", False, "measurement inconsistent: " + "; ".join(off), numbers)
+        return Criterion("consistency", True, f"consistent: each side within ±{tolerance:.0%} of its own run "
+                                              f"(champion {numbers['champion_deviation']:+.0%}, challenger "
+                                              f"{numbers['challenger_deviation']:+.0%})", numbers)
+
     def _judged(self, ratio: float, lo: float, hi: float, label: str, extra: dict) -> Criterion:
         need = 1 - self.cfg.min_gain
         passed = hi < need
@@ -124,6 +156,10 @@ class Gate:
                   f"({which}); z {z:.2f} {'>=' if passed else '<'} {z_needed:.2f}")
         return Criterion("accuracy", passed, detail, {"drop": drop, "drop_se": se, "drop_upper": upper,
                                                       "tolerance": tol, "z": z, "z_needed": z_needed})
+
+
+def _objective(values, stat: str) -> float:
+    return float(summary_stat(values, stat)) if len(values) else math.nan
 
 
 def accuracy_tolerance(cfg_accuracy, champion_value: float) -> tuple[float, str]:
@@ -172,6 +208,13 @@ def check_config(cfg_gate) -> None:
     tolerances(cfg_gate.accuracy)
     if cfg_gate.get("interleaved") is not None:
         check_interleaved(cfg_gate.interleaved, confidence)
+        if cfg_gate.interleaved.rounds:
+            deviation = _number((cfg_gate.get("consistency") or {}).get("max_deviation"),
+                                "gate.consistency.max_deviation", "the largest tolerated deviation, e.g. 0.25")
+            if deviation <= 0:
+                raise ConfigError(f"gate.consistency.max_deviation={deviation:g} is not above 0",
+                                  "give the largest tolerated deviation of a side's rounds from its own run, "
+                                  "e.g. 0.25")
 
 
 def _number(raw, key: str, hint: str) -> float:

@@ -15,11 +15,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from experiments.level import LevelReport
-from experiments.load import run_level
-from experiments.serving.servers import serve
-from experiments.workload import Workload
 from experiments.errors import ConfigError
-from experiments.serving.engine import Engine
 from experiments.stats import min_rounds, summary_stat
 
 
@@ -72,39 +68,31 @@ def _by_prompt(level: LevelReport, metric: str) -> dict[int, float]:
     return out
 
 
-def measure(builders: dict[str, Callable[[], Engine]], workload: Workload, cfg_benchmark, cfg_interleaved,
-            concurrency: int, confidence: float = 0.95, prebuilt: dict[str, Engine] | None = None,
-            on_round=lambda r: None) -> Rounds:
-    """`rounds` rounds; each measures every contender once for `seconds` and at least `min_requests` requests,
-    closed loop at `concurrency`, after the benchmark's warm-up. Round r starts with contender r mod n.
-
-    Each run serves a fresh build (builders[name]()), closed after it: two builds of one recipe run at speeds
-    of their own (memory layout, thread placement: up to +-7 % for the whole life of an ONNX Runtime session
-    here), so one instance per side would compare two instances, not two configurations. A contender in
-    `prebuilt` (an engine too slow to build per run, such as a compiled one) is measured as it is, and the
-    caller closes it.
-    """
-    prebuilt = prebuilt or {}
-    names = list(builders)
-    load = OmegaConf.merge(cfg_benchmark, {"mode": "closed", "concurrency": [concurrency],
+def load_config(cfg_benchmark, cfg_interleaved, concurrency: int):
+    """The benchmark's settings for one run of a round: closed loop at `concurrency`, after the warm-up,
+    for `seconds` and at least `min_requests` requests."""
+    return OmegaConf.merge(cfg_benchmark, {"mode": "closed", "concurrency": [concurrency],
                                            "min_duration_s": float(cfg_interleaved.seconds),
                                            "min_requests": int(cfg_interleaved.min_requests)})
-    runs: dict[str, list[LevelReport]] = {n: [] for n in names}
-    for r in range(int(cfg_interleaved.rounds)):
+
+
+def measure(runs: dict[str, Callable[[], LevelReport]], rounds: int, concurrency: int,
+            on_round=lambda r: None) -> Rounds:
+    """`rounds` rounds; each calls every contender's run once, round r starting with contender r mod n.
+
+    runs[name]() measures one run of that contender and returns its level: a fresh build in a fresh process of
+    its own (experiments/contender.py), so neither the rival nor anything it left behind runs beside it, and
+    two builds of one recipe, which keep speeds of their own (up to +-7 % for an ONNX Runtime session's life
+    here), are sampled run by run instead of one instance per side.
+    """
+    names = list(runs)
+    levels: dict[str, list[LevelReport]] = {n: [] for n in names}
+    for r in range(int(rounds)):
         on_round(r)
         start = r % len(names)
         for name in names[start:] + names[:start]:
-            engine = prebuilt.get(name) or builders[name]()
-            server = None
-            try:
-                server = serve(engine)
-                runs[name].append(run_level(server, workload, concurrency, load, confidence))
-            finally:
-                if server is not None:
-                    server.close()
-                if name not in prebuilt:
-                    engine.close()
-    return Rounds(concurrency, {n: tuple(levels) for n, levels in runs.items()})
+            levels[name].append(runs[name]())
+    return Rounds(concurrency, {n: tuple(found) for n, found in levels.items()})
 
 
 def check_config(cfg_interleaved, confidence: float) -> None:
@@ -122,7 +110,3 @@ def check_config(cfg_interleaved, confidence: float) -> None:
     if not isinstance(least, int) or isinstance(least, bool) or least < 1:
         raise ConfigError(f"gate.interleaved.min_requests={least!r} is not an integer >= 1",
                           "give the fewest requests per run, e.g. 40")
-    limit = cfg_interleaved.get("rebuild_max_s")
-    if not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit < 0:
-        raise ConfigError(f"gate.interleaved.rebuild_max_s={limit!r} is not a number >= 0",
-                          "give the longest build (s) that is still redone for every run, e.g. 15")

@@ -55,11 +55,24 @@ class SweepResult:
 
 
 def markdown_table(outcomes: list[RungOutcome], top: int) -> str:
+    """The ladder; each delta is against the champion the rung was gated against (named in `gated against`)."""
     columns = RungOutcome.columns(outcomes[0].candidate is None or outcomes[0].candidate.target.decodes, top)
-    rows = ["| rung | verdict | " + " | ".join(h for _, h, _ in columns) + " | reason |",
-            "|---|---|" + "---|" * len(columns) + "---|"]
+    rows = ["| rung | verdict | gated against | " + " | ".join(h for _, h, _ in columns) + " | reason |",
+            "|---|---|---|" + "---|" * len(columns) + "---|"]
     for o in outcomes:
         s = o.summary(top)
-        cells = " | ".join((f % s[k]) if k in s else "–" for k, _, f in columns)
-        rows.append(f"| {o.name} | {o.verdict.status} | {cells} | {o.verdict.reason} |")
+        before = o.champion_before.summary(top) if o.champion_before else {}
+        cells = " | ".join(cell(s, before, k, f) for k, _, f in columns)
+        against = o.champion_before.name if o.champion_before else "–"
+        rows.append(f"| {o.name} | {o.verdict.status} | {against} | {cells} | {o.verdict.reason} |")
     return "\n".join(rows) + "\n"
+
+
+def cell(now: dict, before: dict, key: str, fmt: str) -> str:
+    """A value, and its change against the champion the rung was gated against."""
+    if key not in now:
+        return "–"
+    text = fmt % now[key]
+    if key in before and before[key]:
+        text += f" ({(now[key] / before[key] - 1) * 100:+.0f} %)"
+    return text

@@ -28,10 +28,25 @@ def waterfall(outcomes, metric: str, stat: str, level: int) -> Figure:
     ax.bar(names, values, color=[COLORS[o.verdict.status] for o in outcomes])
     for i, o in enumerate(outcomes):
         ax.annotate(o.verdict.status, (i, values[i]), ha="center", va="bottom", fontsize=8)
+    champion = champion_line(outcomes, metric, stat, level)
+    if champion:
+        xs, ys = zip(*champion)
+        ax.plot(xs, ys, "k_", markersize=28, markeredgewidth=2, label="the champion it was gated against")
+        ax.legend(fontsize=8)
     ax.set_ylabel(f"{metric} {stat} at c={level} (lower is better)")
     ax.set_title("The ladder: objective per rung (green accepted, red rejected, grey skipped)")
     ax.tick_params(axis="x", labelrotation=20)
     return fig
+
+
+def champion_line(outcomes, metric: str, stat: str, level: int) -> list[tuple[int, float]]:
+    """(bar index, objective of the champion that rung was gated against) for each rung that had one."""
+    out = []
+    for i, o in enumerate(outcomes):
+        value = objective(o.champion_before, metric, stat, level) if o.champion_before else None
+        if value is not None:
+            out.append((i, value))
+    return out
 
 
 def latency_vs_load(baseline, champion, metric: str = "e2e_ms") -> Figure:

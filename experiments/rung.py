@@ -2,9 +2,7 @@
 process of its own, everything logged to the rung's MLflow run."""
 from __future__ import annotations
 
-import gc
 import logging
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -12,15 +10,14 @@ import mlflow
 import numpy as np
 from omegaconf import DictConfig
 
-from experiments import interleaved, isolation, soak, tracking
+from experiments import contender, interleaved, isolation, soak, tracking
 from experiments.accuracy import AccuracyReport, mlflow_name
-from experiments.benchmark import BenchmarkReport, run_benchmark
+from experiments.benchmark import BenchmarkReport
 from experiments.capacity import plan
 from experiments.errors import ConfigError
 from experiments.gate import Criterion, Gate, Verdict
 from experiments.ledger import Ledger
 from experiments.outcome import RungOutcome
-from experiments.serving import build_engine
 from experiments.serving.servers import serve
 from experiments.workload import Workload
 from optimizers.base import Candidate, Env
@@ -113,35 +110,39 @@ def _challenge_in_child(name, opt, champion, current, sweep: Sweep, run_id: str)
 
 
 def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
-    """Apply, build, measure and gate one rung, logging to the active (rung) run. Returns (outcome, the
-    baseline's reference scores, the score cache)."""
+    """Apply one rung, then measure and gate it, logging to the active (rung) run. Every engine is built and
+    measured in a process of its own (experiments/contender.py); this one only orchestrates. Returns
+    (outcome, the baseline's reference scores, the score cache)."""
     cfg, gate = sweep.cfg, sweep.gate
     outcome = RungOutcome(name, Verdict("failed", "not run"), run_id=run_id)
+    apart = contender.Apart(isolation.Limits.for_rung(cfg.isolation, name), sweep.logs, f"{name}-{run_id[:8]}")
     try:
         with sweep.ui.stage(f"{name}: applying the rung ({opt.cost} cost)"):
             outcome.candidate = cand = opt.apply(current)
         if cand.target.model_dir != current.target.model_dir:   # the rung made a new model
             tracking.set_tag("roi.model_dir", str(cand.target.model_dir))
         mlflow.log_params(tracking.flatten({"recipe": cand.describe()}))
-        with _measure(cand, sweep, name) as (engine, outcome.bench, outcome.accuracy, outcome.fidelity):
-            _log_measurements(outcome)
-            outcome.capacity = _capacity_plan(outcome.bench, cfg.capacity)
-            if champion is None:
-                outcome.verdict = Verdict("accepted", "baseline: the first champion, measured as is")
+        tracking.set_tag("roi.measurement", contender.WHAT_WAS_DONE)
+        measured = _measure(cand, sweep, name, apart)
+        outcome.bench, outcome.accuracy, outcome.fidelity = measured.bench, measured.accuracy, measured.fidelity
+        _log_measurements(outcome)
+        outcome.capacity = _capacity_plan(outcome.bench, cfg.capacity)
+        if champion is None:
+            outcome.verdict = Verdict("accepted", "baseline: the first champion, measured as is")
+        else:
+            criteria = _performance(champion, outcome.bench, cand, sweep, name, apart)
+            if cfg.gate.get("slos_still_met", True):
+                criteria.append(gate.slos(champion.bench, outcome.bench))
+            criteria += _accuracy_criteria(gate, champion.accuracy, outcome.accuracy)
+            drift = sweep.kind.judge(outcome.fidelity)   # fidelity (and generation agreement) vs the baseline
+            if opt.fidelity_gated:
+                criteria += drift
             else:
-                criteria = [_performance(champion, outcome.bench, cand, engine, sweep, name)]
-                if cfg.gate.get("slos_still_met", True):
-                    criteria.append(gate.slos(champion.bench, outcome.bench))
-                criteria += _accuracy_criteria(gate, champion.accuracy, outcome.accuracy)
-                drift = sweep.kind.judge(outcome.fidelity)   # fidelity (and generation agreement) vs the baseline
-                if opt.fidelity_gated:
-                    criteria += drift
-                else:
-                    tracking.set_tag("roi.fidelity", "recorded, not gated for this rung: "
-                                                     + "; ".join(c.detail for c in drift))
-                criteria += soak_criterion(engine, outcome.bench, criteria, sweep, name)
-                outcome.verdict = Verdict.from_criteria(criteria)
-                _log_criteria(outcome.verdict.criteria)
+                tracking.set_tag("roi.fidelity", "recorded, not gated for this rung: "
+                                                 + "; ".join(c.detail for c in drift))
+            criteria += _soak(cand, outcome.bench, criteria, sweep, name, run_id, apart)
+            outcome.verdict = Verdict.from_criteria(criteria)
+            _log_criteria(outcome.verdict.criteria)
     except ConfigError:
         raise
     except Exception as exc:  # a rung that breaks is a verdict, not the end of the sweep
@@ -150,76 +151,86 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
     return outcome, sweep.kind.reference, sweep.scores
 
 
-@contextmanager
-def _measure(cand, sweep: Sweep, name: str):
-    """Build the engine, measure it; yields (engine, bench, accuracy, fidelity) and closes the engine after."""
-    cfg, ui = sweep.cfg, sweep.ui
-    engine = None
-    try:
-        with ui.stage(f"{name}: building the {cand.recipe.engine} engine"):
-            artefacts = Path(cfg.cache_dir) / "artefacts"
-            engine = build_engine(cand, int(cfg.threads), artefacts)
-        mlflow.log_metric("artefact_bytes", engine.artefact_bytes())
-        mlflow.log_metric("weight_bits", engine.weight_bits())
-        if hasattr(engine, "build_seconds"):
-            mlflow.log_metric("build_seconds", engine.build_seconds)
-            tracking.set_tag("roi.artefact_reused", str(engine.reused))
-        with ui.stage(f"{name}: load ladder") as st:
-            bench = run_benchmark(engine, sweep.workload, cfg.benchmark, cfg.gate.confidence,
-                                  on_level=lambda c: st.update(f"{name}: load at concurrency {c}"))
-        ui.levels(name, bench)
-        key = _numerics_key(cand)
-        if key in sweep.scores:
-            # Same weights, same runtime, same kernels (only the scheduler differs): lm-eval and the
-            # fidelity windows would compute exactly the same numbers again.
-            acc, fidelity, measured_by = sweep.scores[key]
-            tracking.set_tag("roi.scores_reused_from", measured_by)
-            ui.note(f"{name}: accuracy and fidelity as measured on {measured_by} (same model numerics)")
-        else:
-            acc, fidelity = sweep.kind.score(engine, ui.stage, name)
-            sweep.scores[key] = (acc, fidelity, name)
-        yield engine, bench, acc, fidelity   # still alive: the soak, if it runs, needs it
-    finally:
-        if engine is not None:
-            engine.close()
-        del engine
-        gc.collect()
+def _measure(cand, sweep: Sweep, name: str, apart: contender.Apart) -> contender.Measured:
+    """The candidate's load ladder, accuracy and fidelity, measured in a process of its own; logged here."""
+    with sweep.ui.stage(f"{name}: {cand.recipe.engine} engine: build, load ladder and scores, in a process "
+                        f"of its own"):
+        measured = contender.measure(cand, sweep, name, apart)
+    mlflow.log_metric("artefact_bytes", measured.artefact_bytes)
+    mlflow.log_metric("weight_bits", measured.weight_bits)
+    if measured.build_seconds is not None:
+        mlflow.log_metric("build_seconds", measured.build_seconds)
+        tracking.set_tag("roi.artefact_reused", str(measured.artefact_reused))
+    sweep.ui.levels(name, measured.bench)
+    if sweep.kind.reference is None:
+        sweep.kind.reference = measured.reference
+    if measured.scores_reused_from:
+        tracking.set_tag("roi.scores_reused_from", measured.scores_reused_from)
+        sweep.ui.note(f"{name}: accuracy and fidelity as measured on {measured.scores_reused_from} "
+                      f"(same model numerics)")
+    else:
+        sweep.scores[contender.numerics_key(cand)] = (measured.accuracy, measured.fidelity, name)
+    return measured
 
 
-def _performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate, engine, sweep: Sweep,
-                 name: str) -> Criterion:
-    """The champion rebuilt and measured beside the challenger in alternating rounds (gate.interleaved), or,
-    with rounds: 0, compared with its recorded run."""
+def _performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate, sweep: Sweep, name: str,
+                 apart: contender.Apart) -> list[Criterion]:
+    """The champion re-measured beside the challenger in alternating rounds (gate.interleaved), each run a
+    fresh build in a fresh process; or, with rounds: 0, compared with its recorded run. With rounds, the
+    measurement's consistency is a criterion too: measured again once if it fails, never accepted on it."""
     cfg, gate = sweep.cfg, sweep.gate
     rounds_cfg = cfg.gate.interleaved
     if not rounds_cfg.rounds:
-        return gate.performance(champion.bench, bench)
+        return [gate.performance(champion.bench, bench)]
     c = gate.objective_concurrency(champion.bench)
+    rounds = _rounds(champion.candidate, cand, sweep, name, apart, c, 1)
+    consistency = gate.consistency(rounds, champion.bench, bench)
+    if not consistency.passed:
+        tracking.set_tag("roi.gate.first_measurement", f"inconsistent, measured again: {consistency.detail}"[:5000])
+        _log_rounds(rounds, cfg.gate.objective, "gate/first_interleaved_rounds.csv", "gate/first_round_ratio")
+        rounds = _rounds(champion.candidate, cand, sweep, name, apart, c, 2)
+        consistency = gate.consistency(rounds, champion.bench, bench)
+    _log_rounds(rounds, cfg.gate.objective, "gate/interleaved_rounds.csv", "gate/round_ratio")
+    tracking.set_tag("roi.gate.interleaved", "each run a fresh build in a fresh process of its own, nothing else "
+                                             "alive in it (champion and challenger alike)")
+    return [gate.interleaved(rounds), consistency]
+
+
+def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart: contender.Apart, c: int,
+            attempt: int) -> interleaved.Rounds:
+    cfg = sweep.cfg
+    why = "" if attempt == 1 else " (again: the first was inconsistent)"
+    rounds_cfg = cfg.gate.interleaved
     threads, artefacts = int(cfg.threads), Path(cfg.cache_dir) / "artefacts"
-    builders = {"champion": lambda: build_engine(champion.candidate, threads, artefacts),
-                "challenger": lambda: build_engine(cand, threads, artefacts)}
-    with sweep.ui.stage(f"{name}: champion and challenger in {rounds_cfg.rounds} alternating rounds at c={c}") as st:
-        rival = builders["champion"]()
-        slow = {n: e for n, e in (("champion", rival), ("challenger", engine))
-                if e.rebuild_seconds() > float(rounds_cfg.rebuild_max_s)}
-        if "champion" not in slow:
-            rival.close()
-        try:
-            rounds = interleaved.measure(builders, sweep.workload, cfg.benchmark, rounds_cfg, c, cfg.gate.confidence,
-                                         prebuilt=slow, on_round=lambda r: st.update(
-                                             f"{name}: interleaved round {r + 1} of {rounds_cfg.rounds} at c={c}"))
-        finally:
-            if "champion" in slow:
-                rival.close()
-    tracking.set_tag("roi.gate.interleaved", "fresh build per run: " + ", ".join(
-        f"{n} {'no (built once: its build took longer than rebuild_max_s)' if n in slow else 'yes'}"
-        for n in builders))
-    obj = cfg.gate.objective
-    tracking.log_text(rounds.to_csv(obj.metric, obj.stat), "gate/interleaved_rounds.csv")
+    load = interleaved.load_config(cfg.benchmark, rounds_cfg, c)
+    count = {"champion": 0, "challenger": 0}
+
+    def run(who: str, recipe: Candidate):
+        def one():
+            count[who] += 1
+            return contender.level_run(recipe, threads, artefacts, sweep.workload, load, c, cfg.gate.confidence,
+                                       apart, f"rounds{attempt}-{who}-{count[who]}")
+        return one
+
+    title = f"{name}: champion and challenger in {rounds_cfg.rounds} alternating rounds at c={c}{why}"
+    with sweep.ui.stage(title) as st:
+        return interleaved.measure({"champion": run("champion", champion), "challenger": run("challenger", cand)},
+                                   int(rounds_cfg.rounds), c, on_round=lambda r: st.update(
+                                       f"{name}: interleaved round {r + 1} of {rounds_cfg.rounds} at c={c}{why}"))
+
+
+def _log_rounds(rounds: interleaved.Rounds, obj, csv_path: str, metric: str) -> None:
+    tracking.log_text(rounds.to_csv(obj.metric, obj.stat), csv_path)
     for r, ratio in enumerate(rounds.ratios("challenger", "champion", obj.metric, obj.stat)):
         if np.isfinite(ratio):
-            mlflow.log_metric("gate/round_ratio", float(ratio), step=r)
-    return gate.interleaved(rounds)
+            mlflow.log_metric(metric, float(ratio), step=r)
+
+
+def _soak(cand, bench, criteria, sweep: Sweep, name: str, run_id: str, apart: contender.Apart) -> list[Criterion]:
+    if _soak_skipped(criteria, sweep.cfg):
+        return soak_criterion(None, bench, criteria, sweep, name)      # tags why; builds nothing
+    with sweep.ui.stage(f"{name}: soak, on a fresh build in a process of its own"):
+        return contender.soaked(soak_criterion, cand, bench, criteria, sweep, name, run_id, apart)
 
 
 def _accuracy_criteria(gate: Gate, champion: list[AccuracyReport], challenger: list[AccuracyReport]) -> list[Criterion]:
@@ -236,9 +247,8 @@ def _accuracy_criteria(gate: Gate, champion: list[AccuracyReport], challenger: l
 def soak_criterion(engine, bench: BenchmarkReport, criteria: list[Criterion], sweep: Sweep, name: str) -> list[Criterion]:
     """Cheapest first: only a challenger that passed every other criterion is held under load this long."""
     cfg = sweep.cfg
-    failed = [c.name for c in criteria if not c.passed]
-    if failed or not cfg.soak.enabled:
-        why = f"{', '.join(failed)} failed first" if failed else "soak.enabled=false"
+    why = _soak_skipped(criteria, cfg)
+    if why:
         tracking.set_tag("roi.soak", f"skipped: {why}")
         return []
     obj = cfg.gate.objective
@@ -258,13 +268,11 @@ def soak_criterion(engine, bench: BenchmarkReport, criteria: list[Criterion], sw
     return [crit]
 
 
-def _numerics_key(cand: Candidate) -> tuple:
-    """What decides the numbers lm-eval and fidelity see; batching settings do not (ONNX Runtime's paged
-    export on CUDA is another graph, so it counts)."""
-    r = cand.recipe
-    paged_graph = r.engine == "onnxruntime" and r.batching == "continuous"
-    return (str(cand.target.model_dir), r.engine, r.precision, r.quantization, r.execution_provider, r.compile,
-            r.cuda_graph, paged_graph)
+def _soak_skipped(criteria: list[Criterion], cfg) -> str | None:
+    failed = [c.name for c in criteria if not c.passed]
+    if failed:
+        return f"{', '.join(failed)} failed first"
+    return None if cfg.soak.enabled else "soak.enabled=false"
 
 
 def _log_measurements(outcome: RungOutcome) -> None:

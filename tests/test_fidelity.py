@@ -182,3 +182,35 @@ def test_a_damaged_model_is_caught_and_rejected(engines, baseline):
     assert noisy.ppl_ratio > 1.03
     verdict = judge(noisy, MAX_KL, MIN_TOP1)
     assert not verdict.passed and verdict.name == "fidelity"
+
+
+def test_scores_go_through_the_forward_that_serves_not_the_eager_module(tiny_target):
+    """A compiled engine serves through its compiled callable: lm-eval and fidelity must call that one (issue 16),
+    else its quality criteria equal the eager champion's by construction. A spy stands in for the compiled
+    callable; compiling for real takes minutes here (the sweep's torch_compile rung does)."""
+    import torch
+
+    from conftest import SHARED_CACHE
+    from experiments import contender
+    from experiments.fidelity import logprob_scorer
+    from experiments.serving import build_engine
+    from optimizers.base import Candidate
+
+    engine = build_engine(Candidate(tiny_target), 2, SHARED_CACHE / "artefacts")
+    calls = []
+
+    def served(**kwargs):
+        calls.append(tuple(kwargs["input_ids"].shape))
+        return engine.model(**kwargs)
+
+    engine._forward = served
+    assert engine.serving_forward is served
+    ids = list(range(1, 17))
+    logprob_scorer(engine)(ids)
+    assert calls == [(1, 16)]
+    lm = engine.lm_eval_model(batch_size=1)
+    lm._model_call(torch.tensor([ids]))
+    assert calls == [(1, 16), (1, 16)]
+    # and the score cache keeps an eager and a compiled recipe apart
+    eager = Candidate(tiny_target)
+    assert contender.numerics_key(eager) != contender.numerics_key(eager.edited("torch_compile", compile="inductor"))

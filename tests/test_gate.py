@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 from omegaconf import OmegaConf
 
 from experiments.accuracy import AccuracyReport
@@ -74,3 +75,50 @@ def test_objective_at_max_reads_the_highest_level_and_slos_must_hold():
     slos = gate.slos(champion, challenger)
     assert not slos.passed and "p99_e2e_ms<=150 at c=1" in slos.detail
     assert gate.slos(champion, champion).passed
+
+
+# --- consistency of the rounds with each side's own run (issue 16) -------------------------------------------
+CONSISTENT = OmegaConf.merge(GATE, {"objective": {"stat": "mean"}, "consistency": {"max_deviation": 0.25}})
+
+
+def rounds_at(champion_ms, challenger_ms, n=6):
+    from experiments.interleaved import Rounds
+
+    level = lambda ms: bench_with_e2e([ms] * 20).levels[0]   # noqa: E731
+    return Rounds(1, {"champion": tuple(level(champion_ms) for _ in range(n)),
+                      "challenger": tuple(level(challenger_ms) for _ in range(n))})
+
+
+def test_rounds_that_agree_with_each_sides_own_run_are_consistent():
+    crit = Gate(CONSISTENT).consistency(rounds_at(110, 60), bench_with_e2e([100] * 20), bench_with_e2e([50] * 20))
+    assert crit.passed and crit.name == "consistency"
+    assert crit.numbers["champion_deviation"] == pytest.approx(0.10)
+    assert crit.numbers["challenger_deviation"] == pytest.approx(0.20)
+    assert crit.numbers["recorded_ratio"] == pytest.approx(0.5)
+    assert crit.numbers["rounds_ratio_median"] == pytest.approx(60 / 110)
+
+
+def test_a_champion_slowed_in_the_rounds_makes_the_comparison_invalid_with_both_numbers():
+    # issue 16's numbers: the champion at ~2,000 ms in the rounds against 679 ms in its own run
+    crit = Gate(CONSISTENT).consistency(rounds_at(2000, 1800), bench_with_e2e([679] * 20), bench_with_e2e([1800] * 20))
+    assert not crit.passed
+    assert crit.detail.startswith("measurement inconsistent: champion e2e_ms mean 2000.0 in the rounds vs 679.0 "
+                                  "in its own run (+195%, beyond ±25%)")
+    assert crit.numbers["champion_deviation"] == pytest.approx(2000 / 679 - 1)
+    # and the rounds' gain (0.9) is not in the recorded runs (1800 vs 679): said too
+    assert "the rounds show a gain (ratio 0.900) the recorded runs do not" in crit.detail
+
+
+def test_a_challenger_off_its_own_load_ladder_is_inconsistent_at_the_tolerance_edge():
+    gate = Gate(CONSISTENT)
+    champion = bench_with_e2e([100] * 20)
+    assert gate.consistency(rounds_at(100, 62.5), champion, bench_with_e2e([50] * 20)).passed      # +25 %: within
+    crit = gate.consistency(rounds_at(100, 63), champion, bench_with_e2e([50] * 20))
+    assert not crit.passed and "challenger e2e_ms mean 63.0 in the rounds vs 50.0 in its own run (+26%" in crit.detail
+
+
+def test_a_gain_only_the_rounds_show_is_inconsistent_even_within_the_tolerance():
+    # each side within 25 % of its own run, but recorded the challenger is slower: tables and verdict would disagree
+    crit = Gate(CONSISTENT).consistency(rounds_at(110, 90), bench_with_e2e([95] * 20), bench_with_e2e([100] * 20))
+    assert not crit.passed and "recorded runs do not" in crit.detail
+    assert crit.numbers["recorded_ratio"] == pytest.approx(100 / 95)

@@ -1,4 +1,5 @@
 """Champion re-measured beside the challenger in alternating rounds: the statistics, the order, the config."""
+import functools
 import time
 
 import numpy as np
@@ -124,38 +125,38 @@ class SteadyEngine(Engine):
         return []
 
 
-def test_measure_alternates_the_order_and_builds_afresh_for_every_run():
-    prompts = tuple(Prompt(i, (1, 2, 3), 2) for i in range(50))
-    bench = OmegaConf.create({"concurrency": [1], "warmup_requests": 3, "warmup_s": 0.0, "min_requests": 1,
-                              "min_duration_s": 0.0, "max_duration_s": 10.0, "request_timeout_s": 5.0})
-    rounds_cfg = OmegaConf.create({"rounds": 4, "seconds": 0.05, "min_requests": 5})
+BENCH = OmegaConf.create({"concurrency": [1], "warmup_requests": 3, "warmup_s": 0.0, "min_requests": 1,
+                          "min_duration_s": 0.0, "max_duration_s": 10.0, "request_timeout_s": 5.0})
+
+
+def steady(seconds_per_token):
+    return SteadyEngine(seconds_per_token)
+
+
+def test_measure_alternates_the_order_and_runs_each_run_in_a_fresh_process_of_its_own(tmp_path):
+    from experiments import contender, isolation
+
     SteadyEngine.built.clear()
-    builders = {"champion": lambda: SteadyEngine(0.002), "challenger": lambda: SteadyEngine(0.001)}
-    rounds = interleaved.measure(builders, Workload(prompts, prompts[:3]), bench, rounds_cfg, 2)
-    assert len(SteadyEngine.built) == 8 and all(e.closed for e in SteadyEngine.built)
+    prompts = tuple(Prompt(i, (1, 2, 3), 2) for i in range(50))
+    rounds_cfg = OmegaConf.create({"rounds": 4, "seconds": 0.05, "min_requests": 5})
+    load = interleaved.load_config(BENCH, rounds_cfg, 2)
+    apart = contender.Apart(isolation.Limits(120, 2**32, 0.05), tmp_path, "t")
+    workload = Workload(prompts, prompts[:3])
+    runs = {name: (lambda ms=ms, name=name: contender.in_own_process(
+                functools.partial(steady, ms), apart, workload, load, 2, 0.95, name))
+            for name, ms in (("champion", 0.004), ("challenger", 0.001))}
+    rounds = interleaved.measure(runs, 4, 2)
     assert rounds.count == 4 and rounds.concurrency == 2
     starts = [(lv.started, name) for name, levels in rounds.runs.items() for lv in levels]
     order = [name for _, name in sorted(starts)]
     assert order == ["champion", "challenger", "challenger", "champion"] * 2
     assert all(len(lv.records) >= 5 and lv.duration_s >= 0.05 for levels in rounds.runs.values() for lv in levels)
     ratios = rounds.ratios("challenger", "champion", "e2e_ms", "mean")
-    assert np.all(ratios < 0.8)                               # half the compute per token, in every round
+    assert np.median(ratios) < 0.8             # a quarter of the compute per token (a loaded machine may upset a round)
     csv = rounds.to_csv("e2e_ms", "mean").splitlines()
     assert csv[0] == "round,champion_e2e_ms_mean,champion_requests,challenger_e2e_ms_mean,challenger_requests"
     assert len(csv) == 5
-
-
-def test_a_prebuilt_contender_is_measured_as_it_is_and_left_open():
-    prompts = tuple(Prompt(i, (1, 2, 3), 2) for i in range(20))
-    bench = OmegaConf.create({"concurrency": [1], "warmup_requests": 0, "warmup_s": 0.0, "min_requests": 1,
-                              "min_duration_s": 0.0, "max_duration_s": 10.0, "request_timeout_s": 5.0})
-    SteadyEngine.built.clear()
-    compiled = SteadyEngine(0.001)
-    builders = {"champion": lambda: SteadyEngine(0.001), "challenger": lambda: pytest.fail("rebuilt a prebuilt one")}
-    rounds = interleaved.measure(builders, Workload(prompts, ()), bench,
-                                 OmegaConf.create({"rounds": 6, "seconds": 0.01, "min_requests": 3}), 1,
-                                 prebuilt={"challenger": compiled})
-    assert rounds.count == 6 and not compiled.closed and len(SteadyEngine.built) == 1 + 6
+    assert not SteadyEngine.built       # no engine was ever built in this process: each run built its own
 
 
 @pytest.mark.parametrize("change, message", [
@@ -165,13 +166,16 @@ def test_a_prebuilt_contender_is_measured_as_it_is_and_left_open():
     ({"rounds": "five"}, "rounds='five'"),
     ({"seconds": 0}, "seconds=0 is not a positive number"),
     ({"min_requests": 0}, "min_requests=0 is not an integer >= 1"),
-    ({"rebuild_max_s": -1}, "rebuild_max_s=-1 is not a number >= 0"),
+    ({"rounds": 8, "consistency": None}, "gate.consistency.max_deviation=None"),
+    ({"rounds": 8, "consistency": {"max_deviation": 0}}, "max_deviation=0 is not above 0"),
 ])
 def test_bad_interleaved_config_is_one_clear_error(change, message):
     from experiments.gate import check_config
 
-    cfg = OmegaConf.merge(GATE, {"interleaved": {"rounds": 8, "seconds": 2.0, "min_requests": 40, "rebuild_max_s": 15,
-                                                 **change}})
+    change = dict(change)
+    consistency = change.pop("consistency", {"max_deviation": 0.25})
+    cfg = OmegaConf.merge(GATE, {"consistency": consistency,
+                                 "interleaved": {"rounds": 8, "seconds": 2.0, "min_requests": 40, **change}})
     with pytest.raises(ConfigError, match=message):
         check_config(cfg)
 
@@ -179,5 +183,4 @@ def test_bad_interleaved_config_is_one_clear_error(change, message):
 def test_zero_rounds_is_valid_and_means_the_recorded_run():
     from experiments.gate import check_config
 
-    check_config(OmegaConf.merge(GATE, {"interleaved": {"rounds": 0, "seconds": 1.0, "min_requests": 1,
-                                                        "rebuild_max_s": 0}}))
+    check_config(OmegaConf.merge(GATE, {"interleaved": {"rounds": 0, "seconds": 1.0, "min_requests": 1}}))

@@ -20,6 +20,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")   # tqdm reads it on import (lm-eval'
 import argparse
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 from scipy import stats
 
-from experiments import interleaved
+from experiments import contender, interleaved, isolation
 from experiments.accuracy import evaluate
 from experiments.benchmark import BenchmarkReport
 from experiments.workload import Workload
@@ -88,6 +89,10 @@ class SlowedEngine(Engine):
 
     def close(self):
         self.inner.close()
+
+
+def slowed_build(cand, threads: int, artefacts: Path, extra: float) -> "SlowedEngine":
+    return SlowedEngine(build_engine(cand, threads, artefacts), extra)
 
 
 class DecoderNoise:
@@ -151,15 +156,19 @@ def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, co
     ort = OnnxRuntimeSwap().apply(base)
     artefacts = Path(cfg.cache_dir) / "artefacts"
     load = OmegaConf.merge(cfg.benchmark, {"slos": [], "sla_search": False, "max_duration_s": 60.0})
+    load = interleaved.load_config(load, cfg.gate.interleaved, concurrency)
     trials = []
     threads = int(cfg.threads)
-    builders = {"champion": lambda: build_engine(ort, threads, artefacts),
-                "same": lambda: build_engine(ort, threads, artefacts),
-                "slowed": lambda: SlowedEngine(build_engine(ort, threads, artefacts), SLOWDOWN)}
+    # each run a fresh build in a fresh process of its own, as in the ladder
+    apart = contender.Apart(isolation.Limits(3600, 2**34, 0.2), Path(cfg.data_dir) / "logs" / "bench-gate", "run")
+    builds = {"champion": partial(build_engine, ort, threads, artefacts),
+              "same": partial(build_engine, ort, threads, artefacts),
+              "slowed": partial(slowed_build, ort, threads, artefacts, SLOWDOWN)}
+    runs = {name: partial(contender.in_own_process, build, apart, workload, load, concurrency, cfg.gate.confidence,
+                          name) for name, build in builds.items()}
     for i in range(n):
         with OtherLoad() as load_meter:
-            rounds = interleaved.measure(builders, workload, load, cfg.gate.interleaved, concurrency,
-                                         cfg.gate.confidence)
+            rounds = interleaved.measure(runs, int(cfg.gate.interleaved.rounds), concurrency)
         single = {k: BenchmarkReport((levels[0],)) for k, levels in rounds.runs.items()}
         trials.append(Trial(same=gate.interleaved(rounds, "same", "champion"),
                             slowed=gate.interleaved(rounds, "slowed", "champion"),

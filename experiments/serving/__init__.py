@@ -23,6 +23,11 @@ CUDA_GRAPH_ENGINE = "experiments.serving.cuda_graph_engine:CudaGraphEngine"
 
 
 def build_engine(cand: Candidate, threads: int, artefact_root: Path) -> Engine:
+    """The engine for the candidate's recipe; a recipe engine spelled "module:Class" names a class of one's own
+    (constructed like the built-in torch engine: cand, threads)."""
+    if ":" in cand.recipe.engine:
+        module, cls = cand.recipe.engine.split(":")
+        return getattr(import_module(module), cls)(cand, threads)
     key = (cand.target.kind, cand.recipe.engine)
     if key not in ENGINES:
         known = ", ".join(e for k, e in ENGINES if k == cand.target.kind)

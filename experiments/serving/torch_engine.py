@@ -58,6 +58,9 @@ class TorchEngine(Engine):
         raise ValueError("the decode step is captured by CudaGraphEngine (experiments/serving/cuda_graph_engine.py)")
 
     def _compile(self, mode: str) -> None:
+        # Past the recompile limit dynamo would fall back to the eager module without a word: fail instead, so
+        # a compiled engine is never measured or scored as an eager one.
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
         if mode == "inductor":
             # dynamic=True: one graph for every cache length, instead of a recompile per decode step.
             self._forward = torch.compile(self.model, dynamic=True)
@@ -88,10 +91,19 @@ class TorchEngine(Engine):
             step_input = torch.tensor([[token]], dtype=torch.long, device=self.device)
             position = position[-1:] + 1
 
+    @property
+    def serving_forward(self):
+        """The callable that serves: the compiled one where the recipe compiles. Scores go through it, so a
+        compiled engine is judged on its own kernels, not given the eager module's numbers."""
+        return self._forward
+
     def lm_eval_model(self, batch_size: int):
         from lm_eval.models.huggingface import HFLM
 
-        return HFLM(pretrained=self.model, tokenizer=self.tokenizer, batch_size=batch_size, device=str(self.device))
+        kwargs = dict(pretrained=self.model, tokenizer=self.tokenizer, batch_size=batch_size, device=str(self.device))
+        if self._forward is self.model:
+            return HFLM(**kwargs)
+        return _served_hflm(HFLM, self._forward, **kwargs)
 
     def artefact_paths(self) -> list[Path]:
         # A quantized or cast model exists only in memory; its weights come from the same safetensors.
@@ -101,6 +113,16 @@ class TorchEngine(Engine):
         """Stored bits per weight of the linear layers (lm_head included), as ONNX graphs are counted: packed
         quantized weights at their stored size, torchao tensor subclasses by their inner tensors."""
         return linear_weight_bits(self.model)
+
+
+def _served_hflm(hflm_class, forward, **kwargs):
+    """lm-eval's HF model whose forward is the engine's compiled callable instead of the eager module."""
+    class ServedHFLM(hflm_class):
+        def _model_call(self, inps, attn_mask=None, labels=None):
+            with torch.no_grad():
+                return forward(input_ids=inps, use_cache=False).logits
+
+    return ServedHFLM(**kwargs)
 
 
 def linear_weight_bits(model: torch.nn.Module) -> float:

@@ -1,0 +1,154 @@
+"""Every measurement of an engine in a fresh process of its own, where that engine is the only one alive.
+
+Two engines in one process measure each other: a compiled challenger kept alive beside the eager champion once
+made the champion run 2.9x slower than in its own run (issue 16), whatever the mechanism (threads, a compiler's
+worker pool, allocator state). So the rung's own process only orchestrates and never builds an engine: its load
+ladder and scores, each run of a gate round and its soak happen in children of the fork server
+(experiments/isolation.py), each of which builds one engine, measures it, closes it and exits. Nothing a rival
+built or started, threads included, can run beside the one being measured: it died with its process.
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from experiments import isolation
+from experiments.accuracy import AccuracyReport
+from experiments.benchmark import BenchmarkReport, run_benchmark
+from experiments.level import LevelReport
+from experiments.load import run_level
+from experiments.serving import build_engine
+from experiments.serving.servers import serve
+from optimizers.base import Candidate
+
+WHAT_WAS_DONE = ("each measurement in a fresh process of its own (fork-server child): the rung's load ladder and "
+                 "scores, every run of every gate round (champion and challenger alike, a fresh build each) and "
+                 "the soak; no other engine alive in it")
+
+
+class MeasurementFailed(RuntimeError):
+    """A measuring process gave no result: the reason (signal, limit, exit code, its last log lines)."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One candidate's load ladder and scores, from the process that built it."""
+    bench: BenchmarkReport
+    accuracy: list[AccuracyReport]
+    fidelity: object
+    artefact_bytes: float
+    weight_bits: float
+    build_seconds: float | None
+    artefact_reused: bool | None
+    scores_reused_from: str | None    # the rung whose scores these are (same numerics), or None: scored here
+    reference: object                 # the baseline's reference scores, once recorded
+    pid: int
+
+
+@dataclass(frozen=True)
+class Apart:
+    """Where and under which limits a measuring process runs."""
+    limits: isolation.Limits
+    logs: Path
+    stem: str                         # rung name and run id: each process's log is <stem>-<what>.log
+
+    def run(self, what: str, fn, *args):
+        done = isolation.run(fn, args, self.limits, self.logs / f"{self.stem}-{what}.log")
+        if done.failure:
+            raise MeasurementFailed(f"{what}: {done.failure}")
+        return done.value
+
+
+def measure(cand: Candidate, sweep, name: str, apart: Apart) -> Measured:
+    """Build, load ladder, accuracy and fidelity in a process of its own."""
+    return apart.run("measure", _measure_here, cand, replace(sweep, ui=None), name)
+
+
+def level_run(cand: Candidate, threads: int, artefacts: Path, workload, load, concurrency: int, confidence: float,
+              apart: Apart, what: str) -> LevelReport:
+    """One run of a gate round: a fresh build of `cand`, alone in a fresh process."""
+    return apart.run(what, _level_here, functools.partial(build_engine, cand, threads, artefacts), workload, load,
+                     concurrency, confidence)
+
+
+def in_own_process(build, apart: Apart, workload, load, concurrency: int, confidence: float, what: str) -> LevelReport:
+    """level_run for any picklable builder (make bench-gate's wrapped engines)."""
+    return apart.run(what, _level_here, build, workload, load, concurrency, confidence)
+
+
+def soaked(judge, cand: Candidate, bench: BenchmarkReport, criteria: list, sweep, name: str, run_id: str,
+           apart: Apart) -> list:
+    """judge(engine, bench, criteria, sweep, name) (rung.soak_criterion) on a fresh build of `cand`, in a
+    process of its own that logs to the rung's run."""
+    return apart.run("soak", _soak_here, judge, cand, bench, criteria, replace(sweep, ui=None), name, run_id)
+
+
+def numerics_key(cand: Candidate) -> tuple:
+    """What decides the numbers lm-eval and fidelity see; batching settings do not (ONNX Runtime's paged
+    export on CUDA is another graph, so it counts). Compiled and eager forwards are scored apart: scores
+    go through the forward that serves, whose kernels differ."""
+    r = cand.recipe
+    paged_graph = r.engine == "onnxruntime" and r.batching == "continuous"
+    return (str(cand.target.model_dir), r.engine, r.precision, r.quantization, r.execution_provider, r.compile,
+            r.cuda_graph, paged_graph)
+
+
+# --- in the child -----------------------------------------------------------------------------------------------
+def _quiet_console():
+    """The child's console goes to its log (stderr there): the rung's process prints what matters."""
+    from rich.console import Console
+
+    from experiments.console import SweepConsole, quiet_libraries
+
+    quiet_libraries()
+    return SweepConsole(Console(stderr=True, width=160))
+
+
+def _measure_here(cand: Candidate, sweep, name: str) -> Measured:
+    cfg = sweep.cfg
+    ui = _quiet_console()
+    engine = build_engine(cand, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
+    try:
+        bench = run_benchmark(engine, sweep.workload, cfg.benchmark, cfg.gate.confidence)
+        key = numerics_key(cand)
+        if key in sweep.scores:
+            # Same weights, same runtime, same kernels (only the scheduler differs): lm-eval and the
+            # fidelity windows would compute exactly the same numbers again.
+            acc, fidelity, reused_from = sweep.scores[key]
+        else:
+            acc, fidelity = sweep.kind.score(engine, ui.stage, name)
+            reused_from = None
+        return Measured(bench, acc, fidelity, float(engine.artefact_bytes()), float(engine.weight_bits()),
+                        getattr(engine, "build_seconds", None), getattr(engine, "reused", None), reused_from,
+                        sweep.kind.reference, os.getpid())
+    finally:
+        engine.close()
+
+
+def _level_here(build, workload, load, concurrency: int, confidence: float) -> LevelReport:
+    engine = build()
+    server = None
+    try:
+        server = serve(engine)
+        return run_level(server, workload, concurrency, load, confidence)
+    finally:
+        if server is not None:
+            server.close()
+        engine.close()
+        gc.collect()
+
+
+def _soak_here(judge, cand: Candidate, bench, criteria, sweep, name: str, run_id: str) -> list:
+    import mlflow
+
+    sweep.ui = _quiet_console()
+    mlflow.set_tracking_uri(str(sweep.cfg.tracking.uri))
+    mlflow.start_run(run_id=run_id)      # not ended here: the rung's process owns the run's status
+    engine = build_engine(cand, int(sweep.cfg.threads), Path(sweep.cfg.cache_dir) / "artefacts")
+    try:
+        return judge(engine, bench, criteria, sweep, name)
+    finally:
+        engine.close()

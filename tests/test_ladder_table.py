@@ -1,0 +1,36 @@
+"""Verdicts and tables agree (issue 16): each delta, and the waterfall's champion mark, is against the champion
+the rung was gated against, not the baseline nor the final champion."""
+from experiments.gate import Verdict
+from experiments.outcome import RungOutcome, cell, markdown_table
+from experiments.report import champion_line, waterfall
+from test_gate import bench_with_e2e
+
+
+def outcomes():
+    base = RungOutcome("baseline", Verdict("accepted", "first"), bench=bench_with_e2e([100] * 10))
+    fast = RungOutcome("onnxruntime", Verdict("accepted", "faster"), bench=bench_with_e2e([50] * 10),
+                       champion_before=base)
+    slow = RungOutcome("torch_compile", Verdict("rejected", "slower"), bench=bench_with_e2e([75] * 10),
+                       champion_before=fast)
+    skipped = RungOutcome("tensorrt", Verdict("skipped", "no CUDA"), champion_before=fast)
+    return [base, fast, slow, skipped]
+
+
+def test_a_delta_is_against_the_champion_gated_against():
+    assert cell({"x": 75.0}, {"x": 50.0}, "x", "%.1f") == "75.0 (+50 %)"     # vs onnxruntime, not the baseline
+    assert cell({"x": 75.0}, {}, "x", "%.1f") == "75.0"
+    assert cell({}, {"x": 50.0}, "x", "%.1f") == "–"
+
+
+def test_summary_md_names_the_champion_each_rung_was_gated_against():
+    rows = markdown_table(outcomes(), 1).splitlines()
+    assert rows[0].startswith("| rung | verdict | gated against |")
+    assert rows[2].startswith("| baseline | accepted | – |")
+    assert rows[3].startswith("| onnxruntime | accepted | baseline |")
+    assert rows[4].startswith("| torch_compile | rejected | onnxruntime |")
+
+
+def test_the_waterfall_marks_the_champion_each_rung_was_gated_against():
+    assert champion_line(outcomes(), "e2e_ms", "mean", 1) == [(1, 100.0), (2, 50.0), (3, 50.0)]
+    fig = waterfall(outcomes(), "e2e_ms", "mean", 1)
+    assert fig.axes[0].get_legend().get_texts()[0].get_text() == "the champion it was gated against"
