@@ -3,9 +3,11 @@
 Two engines in one process measure each other: a compiled challenger kept alive beside the eager champion once
 made the champion run 2.9x slower than in its own run (issue 16), whatever the mechanism (threads, a compiler's
 worker pool, allocator state). So the rung's own process only orchestrates and never builds an engine: its load
-ladder and scores, each run of a gate round and its soak happen in children of the fork server
-(experiments/isolation.py), each of which builds one engine, measures it, closes it and exits. Nothing a rival
-built or started, threads included, can run beside the one being measured: it died with its process.
+ladder and scores and its soak happen in children of the fork server (experiments/isolation.py), each of which
+builds one engine, measures it and exits. In the gate's rounds each side is built once in a process of its own
+and stopped (SIGSTOP) while the other runs: a compiled engine is not rebuilt forty times, and nothing a rival
+built or started, threads included, can run beside the one being measured. gate.interleaved.fresh_build_per_run
+builds each run afresh instead (two builds of one recipe keep speeds of their own: that samples them too).
 """
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ from experiments.serving.servers import serve
 from optimizers.base import Candidate
 
 WHAT_WAS_DONE = ("each measurement in a fresh process of its own (fork-server child): the rung's load ladder and "
-                 "scores, every run of every gate round (champion and challenger alike, a fresh build each) and "
-                 "the soak; no other engine alive in it")
+                 "scores, the soak, and each side of the gate's rounds (champion and challenger each built once in "
+                 "a process of its own and stopped while the other runs; or a fresh build per run with "
+                 "gate.interleaved.fresh_build_per_run); no other engine alive in it")
 
 
 class MeasurementFailed(RuntimeError):
@@ -72,6 +75,22 @@ def level_run(cand: Candidate, threads: int, artefacts: Path, workload, load, co
     """One run of a gate round: a fresh build of `cand`, alone in a fresh process."""
     return apart.run(what, _level_here, functools.partial(build_engine, cand, threads, artefacts), workload, load,
                      concurrency, confidence)
+
+
+def resident(cand: Candidate, threads: int, artefacts: Path, apart: Apart, what: str) -> isolation.Resident:
+    """`cand` built once in a process of its own, measured there run by run (resident_level_run), and stopped
+    between its runs: its rival's runs happen while nothing of it can run."""
+    return isolation.Resident(functools.partial(build_engine, cand, threads, artefacts), apart.limits,
+                              apart.logs / f"{apart.stem}-{what}.log")
+
+
+def resident_level_run(contender: isolation.Resident, workload, load, concurrency: int,
+                       confidence: float) -> LevelReport:
+    """One run of a gate round on a resident contender's engine."""
+    try:
+        return contender.call(_level_on, workload, load, concurrency, confidence)
+    except isolation.ResidentFailed as exc:
+        raise MeasurementFailed(f"{contender.log_path.stem}: {exc}") from None
 
 
 def in_own_process(build, apart: Apart, workload, load, concurrency: int, confidence: float, what: str) -> LevelReport:
@@ -130,15 +149,19 @@ def _measure_here(cand: Candidate, sweep, name: str) -> Measured:
 
 def _level_here(build, workload, load, concurrency: int, confidence: float) -> LevelReport:
     engine = build()
-    server = None
     try:
-        server = serve(engine)
-        return run_level(server, workload, concurrency, load, confidence)
+        return _level_on(engine, workload, load, concurrency, confidence)
     finally:
-        if server is not None:
-            server.close()
         engine.close()
         gc.collect()
+
+
+def _level_on(engine, workload, load, concurrency: int, confidence: float) -> LevelReport:
+    server = serve(engine)
+    try:
+        return run_level(server, workload, concurrency, load, confidence)
+    finally:
+        server.close()
 
 
 def _soak_here(judge, cand: Candidate, bench, criteria, sweep, name: str, run_id: str) -> list:

@@ -134,7 +134,116 @@ def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None) -> Outco
     return Outcome(None, f"{failure}{'; last log lines: ' + tail if tail else ''}", peak, time.monotonic() - started)
 
 
+class ResidentFailed(RuntimeError):
+    """A resident child gave no answer: the reason (signal, limit, exit code, its last log lines)."""
+
+
+class Resident:
+    """A child that builds something once (`setup()`), then runs calls on it one at a time, stopped in between.
+
+    Stopped (SIGSTOP to its process group), nothing of it runs: no thread it left behind, no compiler worker, no
+    allocator's background work can disturb what another process measures meanwhile. Should the sweep die while
+    it is stopped, its group is orphaned and the kernel sends it SIGHUP and SIGCONT, which end it."""
+
+    def __init__(self, setup, limits: Limits, log_path: Path):
+        ctx = _fork_server()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.limits, self.log_path, self.family, self.peak_rss_bytes = limits, log_path, {}, 0
+        self._conn, child_end = ctx.Pipe()
+        self.child = ctx.Process(target=_resident_main, args=(child_end, setup, str(log_path)),
+                                 name=f"roi-ladder:{log_path.stem}")
+        try:
+            self.child.start()
+            child_end.close()
+            self._answer()                 # built, or why not
+            self._signal(signal.SIGSTOP)
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, fn, *args):
+        """fn(what setup built, *args) in the child, which runs only for this call."""
+        self._signal(signal.SIGCONT)
+        self._conn.send((fn, args))
+        value = self._answer()
+        self._signal(signal.SIGSTOP)
+        return value
+
+    def close(self) -> None:
+        self._signal(signal.SIGCONT)       # a stopped process dies of SIGKILL too; this lets its group go at once
+        _end(self.child, self.family)
+        self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _signal(self, sig) -> None:
+        if self.child.pid is not None and self.child.exitcode is None:
+            try:
+                os.killpg(self.child.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _answer(self):
+        started, failure = time.monotonic(), None
+        while failure is None:
+            if self._conn.poll(self.limits.poll_s):
+                try:
+                    status, value = self._conn.recv()
+                except (EOFError, OSError):
+                    failure = "no answer"
+                    break
+                if status == "raised":
+                    raise value
+                return value
+            if not self.child.is_alive():
+                failure = "no answer"
+                break
+            rss = _tree_rss(self.child.pid, self.family)
+            self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
+            if rss > self.limits.memory_bytes:
+                failure = (f"memory limit hit: {rss / 2**30:.2f} GiB resident, over the limit of "
+                           f"{self.limits.memory_bytes / 2**30:.2f} GiB (isolation.memory_limit_gb)")
+            elif time.monotonic() - started > self.limits.time_s:
+                failure = f"time limit hit: still running after {self.limits.time_s:g} s (isolation.time_limit_s)"
+        _end(self.child, self.family)
+        if failure == "no answer":
+            failure = _exit_reason(self.child.exitcode)
+        tail = _log_tail(self.log_path)
+        raise ResidentFailed(f"{failure}{'; last log lines: ' + tail if tail else ''}")
+
+
+def _resident_main(conn, setup, log_path: str) -> None:
+    log_file = _settle_child(conn, log_path)
+    try:
+        built = setup()
+        conn.send(("ok", None))
+        while (request := conn.recv()) is not None:
+            fn, args = request
+            conn.send(("ok", fn(built, *args)))
+    except ConfigError as exc:
+        conn.send(("raised", exc))
+    except BaseException:
+        traceback.print_exc(file=log_file)
+        raise
+
+
 def _child_main(sender, fn, args, log_path: str) -> None:
+    log_file = _settle_child(sender, log_path)
+    try:
+        sender.send(("ok", fn(*args)))
+    except ConfigError as exc:    # bad input found by the rung: the sweep stops, as it would without a child
+        sender.send(("raised", exc))
+    except BaseException:
+        traceback.print_exc(file=log_file)
+        raise
+
+
+def _settle_child(sender, log_path: str):
+    """A child's own process group, its death with the sweep, its log; returns the log file."""
     os.setpgrp()                      # a group of its own: what it starts is ended with it, by the group's id
     _die_with_sweep(sender)
     try:
@@ -150,13 +259,7 @@ def _child_main(sender, fn, args, log_path: str) -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
     logging.getLogger().setLevel(logging.INFO)
-    try:
-        sender.send(("ok", fn(*args)))
-    except ConfigError as exc:    # bad input found by the rung: the sweep stops, as it would without a child
-        sender.send(("raised", exc))
-    except BaseException:
-        traceback.print_exc(file=log_file)
-        raise
+    return log_file
 
 
 def _die_with_sweep(sender) -> None:

@@ -2,6 +2,8 @@
 process of its own, everything logged to the rung's MLflow run."""
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -191,8 +193,9 @@ def _performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate,
         rounds = _rounds(champion.candidate, cand, sweep, name, apart, c, 2)
         consistency = gate.consistency(rounds, champion.bench, bench)
     _log_rounds(rounds, cfg.gate.objective, "gate/interleaved_rounds.csv", "gate/round_ratio")
-    tracking.set_tag("roi.gate.interleaved", "each run a fresh build in a fresh process of its own, nothing else "
-                                             "alive in it (champion and challenger alike)")
+    tracking.set_tag("roi.gate.interleaved", "each run a fresh build in a fresh process of its own"
+                     if rounds_cfg.get("fresh_build_per_run", False) else
+                     "each side built once in a process of its own, stopped (SIGSTOP) while the other runs")
     return [gate.interleaved(rounds), consistency]
 
 
@@ -203,20 +206,29 @@ def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart
     rounds_cfg = cfg.gate.interleaved
     threads, artefacts = int(cfg.threads), Path(cfg.cache_dir) / "artefacts"
     load = interleaved.load_config(cfg.benchmark, rounds_cfg, c)
-    count = {"champion": 0, "challenger": 0}
-
-    def run(who: str, recipe: Candidate):
-        def one():
-            count[who] += 1
-            return contender.level_run(recipe, threads, artefacts, sweep.workload, load, c, cfg.gate.confidence,
-                                       apart, f"rounds{attempt}-{who}-{count[who]}")
-        return one
-
     title = f"{name}: champion and challenger in {rounds_cfg.rounds} alternating rounds at c={c}{why}"
     with sweep.ui.stage(title) as st:
-        return interleaved.measure({"champion": run("champion", champion), "challenger": run("challenger", cand)},
-                                   int(rounds_cfg.rounds), c, on_round=lambda r: st.update(
-                                       f"{name}: interleaved round {r + 1} of {rounds_cfg.rounds} at c={c}{why}"))
+        def on_round(r):
+            st.update(f"{name}: interleaved round {r + 1} of {rounds_cfg.rounds} at c={c}{why}")
+
+        sides = {"champion": champion, "challenger": cand}
+        if rounds_cfg.get("fresh_build_per_run", False):
+            count = dict.fromkeys(sides, 0)
+
+            def fresh(who):
+                def one():
+                    count[who] += 1
+                    return contender.level_run(sides[who], threads, artefacts, sweep.workload, load, c,
+                                               cfg.gate.confidence, apart, f"rounds{attempt}-{who}-{count[who]}")
+                return one
+            return interleaved.measure({who: fresh(who) for who in sides}, int(rounds_cfg.rounds), c, on_round)
+        with contextlib.ExitStack() as stack:
+            built = {who: stack.enter_context(contender.resident(recipe, threads, artefacts, apart,
+                                                                 f"rounds{attempt}-{who}"))
+                     for who, recipe in sides.items()}
+            runs = {who: functools.partial(contender.resident_level_run, built[who], sweep.workload, load, c,
+                                           cfg.gate.confidence) for who in sides}
+            return interleaved.measure(runs, int(rounds_cfg.rounds), c, on_round)
 
 
 def _log_rounds(rounds: interleaved.Rounds, obj, csv_path: str, metric: str) -> None:

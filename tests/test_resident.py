@@ -1,0 +1,59 @@
+"""isolation.Resident: a contender built once in a process of its own, stopped while its rival runs (issue 16)."""
+import functools
+import time
+
+import pytest
+
+from experiments import isolation
+
+LIMITS = isolation.Limits(time_s=60, memory_bytes=2**33, poll_s=0.05)
+
+
+def _ticking(path):
+    """Built once: a thread that writes the time to `path` every 10 ms, left running between calls."""
+    import threading
+
+    def tick():
+        while True:
+            path.write_text(repr(time.monotonic()))
+            time.sleep(0.01)
+    threading.Thread(target=tick, daemon=True).start()
+    return path
+
+
+def _last_tick(path, wait_s):
+    time.sleep(wait_s)
+    return float(path.read_text())
+
+
+def _nothing():
+    return None
+
+
+def _boom(built):
+    raise ValueError("broken engine")
+
+
+def test_a_resident_runs_only_during_its_calls(tmp_path):
+    ticks = tmp_path / "ticks"
+    with isolation.Resident(functools.partial(_ticking, ticks), LIMITS, tmp_path / "resident.log") as child:
+        assert child.call(_last_tick, 0.1) > 0
+        stopped_at = float(ticks.read_text())
+        time.sleep(0.5)             # the rival's turn: the child is stopped, its thread too
+        assert float(ticks.read_text()) == stopped_at
+        during = child.call(_last_tick, 0.1)     # running again while called
+        assert during > stopped_at + 0.4
+
+
+def test_a_resident_that_breaks_says_why(tmp_path):
+    with isolation.Resident(_nothing, LIMITS, tmp_path / "resident.log") as child:
+        with pytest.raises(isolation.ResidentFailed, match="exited with code 1|ValueError"):
+            child.call(_boom)
+
+
+def test_a_resident_is_gone_once_closed(tmp_path):
+    child = isolation.Resident(_nothing, LIMITS, tmp_path / "resident.log")
+    pid = child.child.pid
+    child.close()
+    import psutil
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
