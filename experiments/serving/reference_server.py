@@ -76,9 +76,9 @@ class _Handler(BaseHTTPRequestHandler):
             # so it sleeps short and spins the last millisecond (later tokens keep the schedule on average).
             time.sleep(max(0.0, deadline - time.perf_counter() - (SPIN_S if k == 0 else 0.0)))
             while time.perf_counter() < deadline:
-                time.sleep(0)                # a spin that lets the other connections' threads run
+                pass                         # the short switch interval lets other connections' threads in
+            written.append(time.perf_counter())   # before the send: it may hand the CPU to the reader first
             self.wfile.write(event)
-            written.append(time.perf_counter())
         self.wfile.write(_chunked("data: [DONE]\n\n") + b"0\r\n\r\n")
         with self.lock:
             self.stamps.append((read, written))
