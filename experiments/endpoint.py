@@ -110,6 +110,7 @@ def bench_endpoint(cfg: DictConfig, url: str, model: str | None, prompt_format: 
                                        max(8, cfg.benchmark.warmup_requests), cfg.seed)
     server = EndpointServer(url, model, prompt_format, tokenizer, timeout_s=float(cfg.benchmark.request_timeout_s))
     try:
+        server.prepare(workload.warmup + workload.prompts)
         with console.stage(f"load ladder against {server.url} ({server.model})") as st:
             report = run_ladder(server, workload, cfg.benchmark, cfg.gate.confidence,
                                 on_level=lambda c: st.update(f"{server.url}: load at {c}"))

@@ -2,9 +2,12 @@
 
 submit() hands the request to an asyncio loop in a background thread and returns at once, so the load loops
 drive it as they drive an in-process server and the load generator does not become the bottleneck. Every
-request streams (SSE) and each chunk is stamped as it arrives: one chunk is one token, as vLLM and our
-server stream. What happens inside the endpoint (queueing vs compute) is not observable from here, so
-`engine_start` stays None and queue/model time are absent from the results rather than invented.
+request streams (SSE) and is timed at the socket (experiments/serving/sse_client.py): the send just before
+its prebuilt bytes are written, each chunk as the loop receives it; one chunk is one token, as vLLM and our
+server stream. The load generator's own work stays off that path: request bodies (and text prompts'
+decoding) are built before the send is stamped, chunks' JSON is parsed after the stream is over. What happens
+inside the endpoint (queueing vs compute) is not observable from here, so `engine_start` stays None and
+queue/model time are absent from the results rather than invented.
 """
 from __future__ import annotations
 
@@ -17,18 +20,11 @@ import time
 import aiohttp
 
 from experiments.serving.request import Prompt, RequestRecord
+from experiments.serving.sse_client import EndpointFailed, HttpStatus, MalformedStream, Stream, StreamingClient
 from experiments.errors import ConfigError
 
 PROMPT_FORMATS = ("ids", "text")
 START_HINT = "start one with `roi-ladder serve` or check the URL"
-
-
-class MalformedStream(Exception):
-    pass
-
-
-class EndpointFailed(Exception):
-    pass
 
 
 class EndpointServer:
@@ -46,8 +42,9 @@ class EndpointServer:
             raise ConfigError("prompt format 'text' needs the target's tokenizer", "pass tokenizer=...")
         self.url = url.rstrip("/").removesuffix("/v1")   # the OpenAI client's base URL works too
         self.prompt_format, self.tokenizer, self.timeout_s = prompt_format, tokenizer, timeout_s
-        self._texts: dict[int, str] = {}
+        self._bodies: dict[Prompt, bytes] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._streams = StreamingClient(self.url)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="roi-endpoint-client", daemon=True)
         self._thread.start()
@@ -57,9 +54,17 @@ class EndpointServer:
             self.close()
             raise
 
+    def prepare(self, prompts) -> None:
+        """Build the requests of these prompts now, so that none is built (or decoded) while the load runs."""
+        for prompt in prompts:
+            self._request_bytes(prompt)
+
     def submit(self, prompt: Prompt, intended: float | None = None) -> RequestRecord:
+        """Closed loop (no `intended`): latency counts from the send at the socket; open loop: from `intended`,
+        and the lag to the actual send is the record's send lag."""
         rec = RequestRecord.arriving(prompt, intended)
-        asyncio.run_coroutine_threadsafe(self._request(rec), self._loop)
+        request = self._request_bytes(prompt)
+        self._loop.call_soon_threadsafe(self._start, rec, request, intended is None)
         return rec
 
     def close(self) -> None:
@@ -109,67 +114,53 @@ class EndpointServer:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        await self._streams.close()
         if self._session is not None:
             await self._session.close()
 
-    async def _request(self, rec: RequestRecord) -> None:
-        body = {"model": self.model, "prompt": self._prompt(rec.prompt), "max_tokens": rec.prompt.max_new_tokens,
-                "stream": True, "ignore_eos": True, "temperature": 0.0}
-        # Stamped again here: the send lag then includes any time this loop took to get to the request.
-        rec.sent = time.perf_counter()
+    def _start(self, rec: RequestRecord, request: bytes, from_send: bool) -> None:
+        self._loop.create_task(self._request(rec, request, from_send))
+
+    async def _request(self, rec: RequestRecord, request: bytes, from_send: bool) -> None:
+        stream, failed = Stream(), None
         try:
-            async with self._session.post(f"{self.url}/v1/completions", json=body) as resp:
-                if resp.status != 200:
-                    rec.error = f"HTTP {resp.status}: {_excerpt(await resp.text(errors='replace'))}"
-                    return
-                await self._read_stream(rec, resp)
+            try:
+                await asyncio.wait_for(self._streams.post(request, stream), self.timeout_s)
+            except (HttpStatus, MalformedStream, OSError) as exc:
+                failed = exc                  # after the chunks that came before it, which may say more
+            if stream.sent:
+                rec.sent = stream.sent
+                if from_send:
+                    rec.arrival = stream.sent
+            for arrived, payload in stream.events:
+                _on_chunk(rec, payload, arrived)
+            if failed is not None:
+                raise failed
+            if not rec.token_times:   # else it would be neither ok nor an error: invisible in the rates
+                raise EndpointFailed("the stream ended with no tokens")
+        except HttpStatus as exc:
+            rec.error = f"HTTP {exc.status}: {_excerpt(exc.body)}"
         except MalformedStream as exc:
             rec.error = f"malformed SSE: {exc}"
         except EndpointFailed as exc:
             rec.error = f"endpoint error: {exc}"
         except asyncio.TimeoutError:
             rec.timed_out = True
-        except aiohttp.ClientError as exc:
+        except OSError as exc:
             rec.error = f"connection error: {_reason(exc)}"
         except Exception as exc:  # counted and shown, never a request that silently produced nothing
             rec.error = f"client error: {type(exc).__name__}: {exc}"
         finally:
             rec.done.set()
 
-    def _prompt(self, prompt: Prompt) -> list[int] | str:
-        if self.prompt_format == "ids":
-            return list(prompt.token_ids)
-        if prompt.id not in self._texts:
-            self._texts[prompt.id] = self.tokenizer.decode(prompt.token_ids)
-        return self._texts[prompt.id]
-
-    async def _read_stream(self, rec: RequestRecord, resp: aiohttp.ClientResponse) -> None:
-        """Server-sent events: `data:` lines, a blank line ends an event; the stream ends with data: [DONE]."""
-        if not resp.content_type.startswith("text/event-stream"):
-            raise MalformedStream(f"the endpoint answered {resp.content_type or 'no content type'}, "
-                                  "not text/event-stream")
-        data: list[str] = []
-        arrived = 0.0
-        async for raw in resp.content:
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError:
-                raise MalformedStream(f"a line that is not UTF-8: {raw[:60]!r}") from None
-            if line.startswith("data:"):
-                if not data:
-                    arrived = time.perf_counter()
-                data.append(line[5:].removeprefix(" "))
-            elif not line and data:
-                payload, data = "\n".join(data), []
-                if payload == "[DONE]":
-                    if not rec.token_times:   # else it would be neither ok nor an error: invisible in the rates
-                        raise EndpointFailed("the stream ended with no tokens")
-                    return
-                _on_chunk(rec, payload, arrived)
-                if rec.cancelled:             # the load loop gave up on it (timeout)
-                    return
-            # other lines (comments, event:, id:, retry:) carry nothing the benchmark uses
-        raise MalformedStream("the stream ended without data: [DONE]")
+    def _request_bytes(self, prompt: Prompt) -> bytes:
+        if prompt not in self._bodies:
+            text = (list(prompt.token_ids) if self.prompt_format == "ids"
+                    else self.tokenizer.decode(prompt.token_ids))
+            body = {"model": self.model, "prompt": text, "max_tokens": prompt.max_new_tokens, "stream": True,
+                    "ignore_eos": True, "temperature": 0.0}
+            self._bodies[prompt] = self._streams.request("/v1/completions", json.dumps(body).encode())
+        return self._bodies[prompt]
 
 
 def _on_chunk(rec: RequestRecord, payload: str, arrived: float) -> None:
@@ -189,8 +180,8 @@ def _on_chunk(rec: RequestRecord, payload: str, arrived: float) -> None:
         rec.token_times.append(arrived)
 
 
-def _reason(exc: aiohttp.ClientError) -> str:
-    os_error = getattr(exc, "os_error", None)
+def _reason(exc: Exception) -> str:
+    os_error = getattr(exc, "os_error", exc)     # aiohttp's connector error wraps the OSError
     if isinstance(os_error, ConnectionRefusedError):
         return "connection refused"
     if isinstance(os_error, socket.gaierror):
