@@ -1,10 +1,11 @@
 """A reference OpenAI-compatible streaming endpoint with known timing, to measure the client against.
 
-Every completion streams its first token `ttft_ms` after the request was read, then one token every `itl_ms`,
-on a fixed schedule from that instant (a late write does not delay the next). It runs in a process of its own
+Every completion streams its first token `ttft_ms` after the request reached the server's socket (the kernel's
+receive timestamp, where there is one), then one token every `itl_ms`, on a fixed schedule from that instant
+(a late write does not delay the next). It runs in a process of its own
 (`ReferenceServer`), so the client being measured shares no interpreter lock with it, and one thread per
 connection sleeps to each deadline (clock_nanosleep: tens of microseconds, not the event loop's millisecond
-timers). It also records when it actually read each request and wrote each token (perf_counter, the same
+timers). It also records when each request line came in and each token's write began (perf_counter, the same
 CLOCK_MONOTONIC as the client's on Linux): GET /stamps returns them, so what remains is the client's error.
 
     python -m experiments.serving.reference_server [--ttft-ms 50] [--itl-ms 10] [--port 0]
@@ -12,8 +13,10 @@ CLOCK_MONOTONIC as the client's on Linux): GET /stamps returns them, so what rem
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -22,13 +25,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 MODEL = "reference"
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)   # Linux's value; Python does not export it
 SPIN_S = 0.001
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"        # keep-alive, as a real endpoint: no connection set-up per request
     ttft_s, itl_s = 0.050, 0.010
-    stamps: list[tuple[float, list[float]]] = []   # (request read, each token written), per request
+    stamps: list[tuple] = []             # (prompt, request line in, each token's write begun), per request
     lock = threading.Lock()
 
     def log_message(self, *args):
@@ -38,10 +42,17 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         # Without it Nagle holds each small token chunk until the client's delayed ACK.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with contextlib.suppress(OSError):
+            self.connection.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+
+    def handle_one_request(self):
+        self.arrived = _kernel_arrival(self.connection)
+        super().handle_one_request()
 
     def parse_request(self):
-        # Called as soon as the request line is in: the schedule counts from here, not after header parsing.
-        self.arrived = time.perf_counter()
+        # Without the kernel's stamp: as soon as the request line is in, not after the headers' parsing.
+        if self.arrived is None:
+            self.arrived = time.perf_counter()
         return super().parse_request()
 
     def do_GET(self):
@@ -58,7 +69,8 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         read = self.arrived
         try:
-            n = int(json.loads(raw).get("max_tokens", 16))
+            request = json.loads(raw)
+            n, prompt = int(request.get("max_tokens", 16)), request.get("prompt")
         except (ValueError, TypeError, AttributeError):
             return self._whole(400, b'{"error":{"message":"not a JSON object"}}')
         self.send_response(200)
@@ -81,7 +93,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(event)
         self.wfile.write(_chunked("data: [DONE]\n\n") + b"0\r\n\r\n")
         with self.lock:
-            self.stamps.append((read, written))
+            self.stamps.append((prompt, read, written))
 
     def _whole(self, status: int, body: bytes) -> None:
         self.send_response(status)
@@ -94,6 +106,22 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256             # a whole load level may connect at once
+
+
+def _kernel_arrival(sock: socket.socket) -> float | None:
+    """When the kernel received the next request's first bytes, on perf_counter's clock; None where the socket
+    gives no receive timestamp. The schedule counts from there, so that however late this thread wakes (the
+    lock, a busy CPU) is not charged to the client. Peeks: it assumes clients that do not pipeline requests."""
+    try:
+        data, ancillary, _, _ = sock.recvmsg(1, socket.CMSG_SPACE(16), socket.MSG_PEEK)
+    except OSError:
+        return None
+    offset_ns = time.time_ns() - time.perf_counter_ns()
+    for level, kind, raw in ancillary:
+        if data and level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= 16:
+            sec, nsec = struct.unpack("qq", raw[:16])
+            return (sec * 10**9 + nsec - offset_ns) / 1e9
+    return None
 
 
 def _chunked(text: str) -> bytes:
@@ -115,8 +143,8 @@ class ReferenceServer:
             raise RuntimeError(f"the reference server did not start (it said {line!r})")
         self.url = line.strip()
 
-    def stamps(self, clear: bool = True) -> list[tuple[float, list[float]]]:
-        """(request read, token write times) for each request finished since the last clear."""
+    def stamps(self, clear: bool = True) -> list[tuple]:
+        """(prompt, request line in, token writes begun) per request finished since the last clear."""
         from urllib.request import urlopen
 
         with urlopen(f"{self.url}/stamps{'?clear=1' if clear else ''}", timeout=10) as resp:
