@@ -1,9 +1,11 @@
 """Streaming completions over HTTP/1.1 on asyncio protocols, timestamped where the bytes cross the socket.
 
-The send is stamped just before the request's bytes (built beforehand) go to the socket, and each receive at
-the top of `data_received`, the callback the event loop runs right after recv(): no HTTP library between the
-socket and the clock. Only framing runs there (headers, chunked encoding, SSE lines); the events' JSON is
-parsed once the stream is over. Connections are kept alive and reused, one request at a time each.
+The send is stamped just before the request's bytes (built beforehand) go to the socket. Each receive takes
+the kernel's receive timestamp where the connection has one (stamped_socket.py: plain TCP on Linux), else
+perf_counter first thing in `data_received`, the callback the loop runs right after recv(): no HTTP library
+between the socket and the clock either way. Only framing runs there (headers, chunked encoding, SSE lines);
+the events' JSON is parsed once the stream is over. Connections are kept alive and reused, one request at a
+time each.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import contextlib
 import ssl
 import time
 from urllib.parse import urlsplit
+
+from experiments.serving import stamped_socket
 
 
 class MalformedStream(Exception):
@@ -66,8 +70,9 @@ class _Connection(asyncio.Protocol):
             self._body_end()
         self._fail(ConnectionError(f"the endpoint closed the connection{f' ({exc})' if exc else ''}"))
 
-    def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()            # first thing: what follows is framing, not waiting
+    def data_received(self, data: bytes, at: float | None = None) -> None:
+        """`at`: the kernel's receive stamp, where the transport has one; else now, first thing."""
+        now = time.perf_counter() if at is None else at
         if self.ended is None or self.ended.done():
             self.keep_alive = False          # bytes nobody asked for: this connection is not reused
             return
@@ -224,9 +229,11 @@ class StreamingClient:
                 conn.reused = True
                 return conn
             self._open.discard(conn)
-        loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(_Connection, self.host, self.port, ssl=self.ssl,
-                                               server_hostname=self.host if self.ssl else None)
+        if self.ssl is None and stamped_socket.SUPPORTED:
+            _, conn = await stamped_socket.open_stamped(_Connection, self.host, self.port)
+        else:
+            _, conn = await asyncio.get_running_loop().create_connection(
+                _Connection, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None)
         self._open.add(conn)
         return conn
 
