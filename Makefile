@@ -78,6 +78,7 @@ test-fast: setup
 
 # Benchmarks, not tests: ratios measured side by side in one run (numbers vary with the machine's load).
 bench: setup
+	$(BIN)/python -m experiments.benchmarks.client_timing
 	$(BIN)/python -m experiments.benchmarks.harness
 	$(BIN)/python -m experiments.benchmarks.rungs
 
