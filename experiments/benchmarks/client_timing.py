@@ -9,7 +9,7 @@ share, per request measured TTFT - the server's own, is what the client and loop
 the send stamp -> the request at the server's socket ("to server") and the server's first write -> the
 client's first-token stamp ("back"). Goal: |TTFT error| <= 0.5 ms at every level.
 
-    python -m experiments.benchmarks.client_timing [--rounds 1] [--requests 48] [--tokens 16]
+    python -m experiments.benchmarks.client_timing [--rounds 1] [--requests 48] [--tokens 16] [--callback-stamps]
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import numpy as np
 
 from experiments.load import closed_loop
 from experiments.resources import ResourceSampler
+from experiments.serving import stamped_socket
 from experiments.serving.http_client import EndpointServer
 from experiments.serving.reference_server import ReferenceServer
 from experiments.serving.request import Prompt
@@ -93,7 +94,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--ttft-ms", type=float, default=50.0)
     parser.add_argument("--itl-ms", type=float, default=10.0)
+    parser.add_argument("--callback-stamps", action="store_true",
+                        help="stamp receives in the loop's callback, not with the kernel's timestamp (as on TLS)")
     args = parser.parse_args()
+    if args.callback_stamps:
+        stamped_socket.SUPPORTED = False
     console = Console(width=140)
     with ReferenceServer(args.ttft_ms, args.itl_ms) as ref:
         for r in range(args.rounds):
@@ -109,6 +114,8 @@ def main() -> None:
                               f"{t.client_ms:+.2f}", f"{t.to_server_ms:.2f}", f"{t.back_ms:.2f}", f"{t.itl_ms:.2f}", f"{t.server_itl_ms:.2f}", f"{e_itl:+.2f}", f"{t.tpot_ms:.2f}",
                               f"{e_tpot:+.2f}", "yes" if abs(e_ttft) <= GOAL_TTFT_MS else "NO")
             console.print(table)
+    console.print("receive stamps: " + ("the kernel's (SO_TIMESTAMPNS)" if stamped_socket.SUPPORTED
+                                        else "first thing in the loop's receive callback"))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ elsewhere (or for TLS) the client uses asyncio's transport and stamps in the cal
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 import sys
@@ -28,7 +29,8 @@ async def open_stamped(protocol_factory, host: str, port: int):
     try:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # each request leaves at once
-        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        with contextlib.suppress(OSError):   # refused (a sandboxed kernel): reads come unstamped, stamped later
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         await loop.sock_connect(sock, address)
     except BaseException:
         sock.close()
@@ -82,7 +84,7 @@ class StampedTransport:
             return self._lost(exc)
         if not data:
             return self._lost(None)
-        self._protocol.data_received(data, kernel_time(ancillary))
+        self._protocol.data_received(data, kernel_time(ancillary))   # None: the protocol stamps it now
 
     def _lost(self, exc) -> None:
         if self._closing:
