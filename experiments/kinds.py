@@ -80,9 +80,10 @@ class CausalLM:
         cfg = self.cfg
         acc = []
         if self.tasks:
-            with stage(f"{name}: lm-eval in the {engine.name} engine"):
+            with stage(f"{name}: lm-eval in the {engine.name} engine") as st:
                 acc = evaluate(engine.lm_eval_model(int(cfg.accuracy.batch_size)), self.tasks,
-                               cfg.gate.accuracy.metric, self.include_path, cfg.accuracy.limit, cfg.seed)
+                               cfg.gate.accuracy.metric, self.include_path, cfg.accuracy.limit, cfg.seed,
+                               st.progress)
         with stage(f"{name}: fidelity against the baseline"):
             # Against the original baseline, not the champion, so drift cannot build up rung by rung.
             if self.reference is None:
