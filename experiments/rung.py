@@ -119,8 +119,12 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
     outcome = RungOutcome(name, Verdict("failed", "not run"), run_id=run_id)
     apart = contender.Apart(isolation.Limits.for_rung(cfg.isolation, name), sweep.logs, f"{name}-{run_id[:8]}")
     try:
-        with sweep.ui.stage(f"{name}: applying the rung ({opt.cost} cost)"):
-            outcome.candidate = cand = opt.apply(current)
+        with sweep.ui.stage(f"{name}: applying the rung ({opt.cost} cost)") as st:
+            opt.on_progress = st.progress
+            try:
+                outcome.candidate = cand = opt.apply(current)
+            finally:
+                opt.on_progress = None
         if cand.target.model_dir != current.target.model_dir:   # the rung made a new model
             tracking.set_tag("roi.model_dir", str(cand.target.model_dir))
         mlflow.log_params(tracking.flatten({"recipe": cand.describe()}))
@@ -226,10 +230,11 @@ def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart
                 return one
             return interleaved.measure({who: fresh(who) for who in sides}, int(rounds_cfg.rounds), c, on_round)
         with contextlib.ExitStack() as stack:
-            st.progress(0, len(sides), "building champion and challenger, each in a process of its own")
-            built = {who: stack.enter_context(contender.resident(recipe, threads, artefacts, apart,
-                                                                 f"rounds{attempt}-{who}"))
-                     for who, recipe in sides.items()}
+            built = {}
+            for who, recipe in sides.items():
+                st.progress(len(built), len(sides), "builds, each in a process of its own")
+                built[who] = stack.enter_context(contender.resident(recipe, threads, artefacts, apart,
+                                                                    f"rounds{attempt}-{who}"))
             runs = {who: functools.partial(contender.resident_level_run, built[who], sweep.workload, load, c,
                                            cfg.gate.confidence) for who in sides}
             return interleaved.measure(runs, int(rounds_cfg.rounds), c, on_round)
