@@ -129,7 +129,7 @@ def _counted(lm, method, request_type: str, progress):
                     done[0] += 1
                     progress(done[0])
 
-        progress(0, len(requests), f"lm-eval {request_type}", "requests")
+        progress(0, len(requests), request_type, "requests")
         lm.cache_hook = Counting()
         try:
             return method(requests, *args, **kwargs)

@@ -134,7 +134,7 @@ class Stage:
         self.title, self._console, self._relay, self._clock = title, console, relay, clock
         self.tracker = progress.Tracker(clock)
         self.child_title = ""             # the stage a measuring child is in, relayed
-        self._printed = clock()
+        self._printed = self._began = clock()
 
     def update(self, text: str) -> None:
         self.title = text
@@ -155,11 +155,13 @@ class Stage:
         """A measuring child's event (isolation.run's on_progress)."""
         if message[0] == "stage":
             self.child_title, self.tracker = message[1], progress.Tracker(self._clock)
+            self._began = self._clock()
         elif message[0] == "progress":
             self.progress(*message[1:])
 
     def describe(self, sep: str = "\n  ") -> str:
-        counted = self.tracker.text()
+        # nothing counted (a build): the time it has taken so far, which a spinner alone does not say
+        counted = self.tracker.text() or f"{self._clock() - self._began:.0f} s in"
         inner = " — ".join(t for t in (self.child_title, counted) if t)
         return f"{self.title}{sep}{inner}" if inner else self.title
 

@@ -16,20 +16,27 @@ RELAY_EVERY_S = 0.5
 
 @dataclass(frozen=True)
 class Estimate:
-    """done of total units, elapsed_s since the work began, the last unit finished at last_done_s."""
+    """done of total units, elapsed_s since the work began, the last count seen at last_done_s, the first
+    count above zero (first_done) at first_done_s."""
     done: float
     total: float | None
     elapsed_s: float
     last_done_s: float = 0.0
     planned_s: float | None = None     # the whole work's expected length, used until a unit is done
+    first_done: float = 0.0
+    first_done_s: float = 0.0
 
     @property
     def per_unit_s(self) -> float | None:
+        """The rate between the first count and the last, which leaves out start-up (a first batch, a warm-up);
+        with one count only, the time since the start; before any, the plan's."""
+        if self.done > self.first_done > 0 and self.last_done_s > self.first_done_s:
+            return (self.last_done_s - self.first_done_s) / (self.done - self.first_done)
         if self.done > 0 and self.last_done_s > 0:     # units seen in no time (relayed late) show no rate
             return self.last_done_s / self.done
-        if self.planned_s is not None and self.total:
+        if self.planned_s is not None and self.total and self.elapsed_s <= self.planned_s:
             return self.planned_s / self.total
-        return None
+        return None                                    # nothing done and the plan overrun: it was wrong
 
     @property
     def remaining_s(self) -> float | None:
@@ -55,7 +62,12 @@ class Estimate:
                  else (f"{self.done:g}{' ' + unit if unit else ''}" if self.done else "")]
         parts.append(f"{self.elapsed_s:.0f} s in")
         left = self.remaining_s
-        parts.append(f"about {duration(left)} left" if left is not None else "no estimate yet")
+        if left is not None:
+            parts.append(f"about {duration(left)} left")
+        elif self.planned_s is not None and self.done == 0:
+            parts.append(f"longer than the planned {duration(self.planned_s)}, no estimate until one is done")
+        else:
+            parts.append("no estimate yet")
         return " · ".join(p for p in parts if p)
 
 
@@ -72,7 +84,8 @@ class Tracker:
         self._clock = clock
         self.what, self.unit, self.planned_s = "", "", None
         self.done, self.total = 0.0, None
-        self._started = self._last_done = None
+        self._started = self._last_done = self._first_done_at = None
+        self._first_done = 0.0
 
     def progress(self, done: float, total: float | None = None, what: str | None = None, unit: str | None = None,
                  planned_s: float | None = None) -> None:
@@ -80,6 +93,7 @@ class Tracker:
         if self._started is None or (what is not None and what != self.what):
             self.what, self.unit, self.planned_s = what or self.what, unit or "", planned_s
             self.done, self.total, self._started, self._last_done = 0.0, None, now, now
+            self._first_done, self._first_done_at = 0.0, now
         if unit is not None:
             self.unit = unit
         if planned_s is not None:
@@ -88,6 +102,8 @@ class Tracker:
             self.total = float(total)
         if done != self.done:
             self.done, self._last_done = float(done), now
+            if self._first_done == 0:
+                self._first_done, self._first_done_at = self.done, now
         if self.total is not None and self.done > self.total:   # e.g. an SLA search measures extra levels
             self.total = self.done
 
@@ -99,7 +115,8 @@ class Tracker:
         if self._started is None:
             return None
         now = self._clock()
-        return Estimate(self.done, self.total, now - self._started, self._last_done - self._started, self.planned_s)
+        return Estimate(self.done, self.total, now - self._started, self._last_done - self._started, self.planned_s,
+                        self._first_done, self._first_done_at - self._started)
 
     def text(self) -> str:
         est = self.estimate()

@@ -79,7 +79,7 @@ def test_a_local_task_folder_is_found_and_scored_via_include_path(tmp_path, mode
                      progress=lambda done, total=None, what=None, unit=None: seen.append((done, total, what)))
     assert rep.task == "my_nextline" and len(rep.per_doc) == 12 and set(rep.per_doc) <= {0.0, 1.0}
     total = seen[0][1]                   # lm-eval's progress: every request answered is counted, up to the total
-    assert seen[0] == (0, total, "lm-eval loglikelihood") and total >= 48
+    assert seen[0] == (0, total, "loglikelihood") and total >= 48
     assert [done for done, _, _ in seen[1:]] == list(range(1, total + 1))
     assert rep.value == pytest.approx(np.mean(rep.per_doc))
 

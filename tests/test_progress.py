@@ -24,7 +24,8 @@ class Clock:
     (Estimate(2, 8, 13.0, 10.0), 27.0),                   # 3 s into the third unit
     (Estimate(2, 8, 40.0, 10.0), 25.0),                   # the third overran: the 5 after it still remain
     (Estimate(0, 8, 3.0, 0.0, planned_s=16.0), 14.0),     # nothing done yet: the plan's 2 s per unit
-    (Estimate(0, 8, 30.0, 0.0, planned_s=16.0), 14.0),    # over the plan: still the 7 units after this one
+    (Estimate(0, 8, 30.0, 0.0, planned_s=16.0), None),    # nothing done and the plan overrun: it was wrong
+    (Estimate(11, 101, 12.0, 12.0, first_done=1, first_done_s=2.0), 90.0),   # 1 s per unit after a 2 s start-up
     (Estimate(8, 8, 50.0, 50.0), 0.0),
     (Estimate(0, 8, 3.0), None),                          # no plan, no unit done: no number to give
     (Estimate(3, None, 9.0, 9.0), None),                  # no total
@@ -37,6 +38,8 @@ def test_remaining_time_has_known_answers(estimate, remaining):
 def test_estimate_text_shows_done_of_total_and_what_remains():
     assert Estimate(2, 8, 10.0, 10.0).text("levels") == "2/8 levels · 10 s in · about 30 s left"
     assert Estimate(0, 8, 3.0).text() == "0/8 · 3 s in · no estimate yet"
+    assert Estimate(0, 2, 41.0, planned_s=2.0).text("levels") == \
+        "0/2 levels · 41 s in · longer than the planned 2 s, no estimate until one is done"
     assert Estimate(4, 8, 10.0, 10.0).fraction == 0.5
     assert duration(42) == "42 s" and duration(300) == "5 min" and duration(7200) == "2.0 h"
 
@@ -52,9 +55,12 @@ def test_a_tracker_starts_a_new_count_and_clock_for_new_work():
     assert (est.done, est.total, est.elapsed_s, est.last_done_s) == (1, 4, 8, 6) and est.remaining_s == 16
     t.progress(5)                                      # an SLA search measured a level more than planned
     assert t.total == 5
-    t.progress(0, 100, "lm-eval loglikelihood", "requests")
-    clock.now += 1
-    assert t.text() == "lm-eval loglikelihood: 0/100 requests · 1 s in · no estimate yet"
+    t.progress(0, 100, "loglikelihood", "requests")
+    clock.now += 5
+    t.progress(1)                                      # a first batch's start-up ...
+    clock.now += 3
+    t.progress(31)                                     # ... left out of the rate: 0.1 s per request
+    assert t.text() == "loglikelihood: 31/100 requests · 8 s in · about 7 s left"
 
 
 def test_the_sweep_line_says_rung_k_of_n_and_an_upper_estimate():
@@ -66,6 +72,9 @@ def test_the_sweep_line_says_rung_k_of_n_and_an_upper_estimate():
 def test_a_stage_shows_done_of_total_and_an_estimate_live_and_in_a_log(monkeypatch):
     clock = Clock()
     st = Stage("baseline: load ladder", Console(file=io.StringIO()), clock=clock)
+    clock.now += 12
+    assert st.describe() == "baseline: load ladder\n  12 s in"          # nothing counted yet: the time so far
+    clock.now = 100.0
     st.progress(0, 4, "levels", planned_s=20)
     clock.now += 3
     assert st.describe() == "baseline: load ladder\n  levels: 0/4 · 3 s in · about 17 s left"   # counts down
@@ -88,7 +97,7 @@ def test_a_measuring_childs_stages_and_counts_reach_the_parents_display():
     try:
         child = SweepConsole(Console(file=io.StringIO()), relay=True)
         with child.stage("baseline: lm-eval") as st:
-            st.progress(0, 10, "lm-eval loglikelihood", "requests")
+            st.progress(0, 10, "loglikelihood", "requests")
             st.progress(10)                                   # the last unit always goes up
     finally:
         progress.connect(None)
@@ -97,7 +106,7 @@ def test_a_measuring_childs_stages_and_counts_reach_the_parents_display():
         kind, message = receiver.recv()
         assert kind == "progress"
         parent.relayed(message)
-    assert "baseline: lm-eval — lm-eval loglikelihood: 10/10 requests" in parent.describe()
+    assert "baseline: lm-eval — loglikelihood: 10/10 requests" in parent.describe()
     assert "about 0 s left" in parent.describe()
 
 
