@@ -166,4 +166,7 @@ class Stage:
         return f"{self.title}{sep}{inner}" if inner else self.title
 
     def __rich__(self) -> Text:
-        return Text(self.describe())
+        try:
+            return Text(self.describe())
+        except Exception:   # read mid-update by the display's thread: the title alone this frame
+            return Text(self.title)

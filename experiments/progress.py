@@ -92,8 +92,9 @@ class Tracker:
         now = self._clock()
         if self._started is None or (what is not None and what != self.what):
             self.what, self.unit, self.planned_s = what or self.what, unit or "", planned_s
-            self.done, self.total, self._started, self._last_done = 0.0, None, now, now
-            self._first_done, self._first_done_at = 0.0, now
+            # _started last: the display's thread reads the rest once it is set
+            self.done, self.total, self._last_done, self._first_done, self._first_done_at = 0.0, None, now, 0.0, now
+            self._started = now
         if unit is not None:
             self.unit = unit
         if planned_s is not None:
