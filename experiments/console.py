@@ -1,6 +1,7 @@
 """What the user sees: a live status line per stage, a line per finished rung, and the ladder table."""
 from __future__ import annotations
 
+import contextlib
 import time
 from contextlib import contextmanager
 
@@ -51,7 +52,10 @@ class SweepConsole:
         st = Stage(title, self.console, self.relay)
         if self.relay:
             progress.send(("stage", title), urgent=True)
-        with self.console.status(st):
+        # rich's live display refreshes from a thread of its own, 12.5 times a second, terminal or not: none in a
+        # measuring child (it would run beside the measurement) nor where nobody sees it
+        live = self.console.status(st) if self.console.is_terminal and not self.relay else contextlib.nullcontext()
+        with live:
             yield st
         self.console.print(f"  [dim]{title} ({time.perf_counter() - started:.1f} s)[/dim]")
 

@@ -1,6 +1,7 @@
 """Progress and what remains (experiments/progress.py), as a stage shows it and as a measuring child relays it."""
 import io
 import multiprocessing
+import threading
 
 import pytest
 from rich.console import Console
@@ -95,8 +96,10 @@ def test_a_measuring_childs_stages_and_counts_reach_the_parents_display():
     receiver, sender = multiprocessing.Pipe(duplex=False)
     progress.connect(sender)
     try:
-        child = SweepConsole(Console(file=io.StringIO()), relay=True)
+        child = SweepConsole(Console(file=io.StringIO(), force_terminal=True), relay=True)
+        threads = threading.active_count()
         with child.stage("baseline: lm-eval") as st:
+            assert threading.active_count() == threads     # no display thread beside a measurement
             st.progress(0, 10, "loglikelihood", "requests")
             st.progress(10)                                   # the last unit always goes up
     finally:
