@@ -52,9 +52,11 @@ class SweepConsole:
         st = Stage(title, self.console, self.relay)
         if self.relay:
             progress.send(("stage", title), urgent=True)
-        # rich's live display refreshes from a thread of its own, 12.5 times a second, terminal or not: none in a
-        # measuring child (it would run beside the measurement) nor where nobody sees it
-        live = self.console.status(st) if self.console.is_terminal and not self.relay else contextlib.nullcontext()
+        # rich's live display refreshes from a thread of its own, terminal or not: none in a measuring child (it
+        # would run beside the measurement) nor where nobody sees it, and 4 a second (not 12.5) where one is shown,
+        # in the rung's process that runs while its children measure
+        live = (self.console.status(st, refresh_per_second=4) if self.console.is_terminal and not self.relay
+                else contextlib.nullcontext())
         with live:
             yield st
         self.console.print(f"  [dim]{title} ({time.perf_counter() - started:.1f} s)[/dim]")
