@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -56,18 +57,33 @@ def main(log_path: str) -> int:
     timing = Path(log_path).with_name(".install-timing.json")
     before = json.loads(timing.read_text()) if timing.exists() else None
     install, tty, printed = Install(before), sys.stdout.isatty(), time.monotonic()
+    lock, finished = threading.Lock(), threading.Event()
+
+    def draw():
+        with lock:
+            sys.stdout.write("\r\033[K  " + install.text()[:150])
+            sys.stdout.flush()
+
+    def tick():          # pip is silent for a minute while it installs: the time still counts on the line
+        while not finished.wait(1.0):
+            draw()
+
+    if tty:
+        threading.Thread(target=tick, daemon=True).start()
     with open(log_path, "w") as log:
         for line in sys.stdin:
             log.write(line)
-            install.read(line)
+            with lock:
+                install.read(line)
             if tty:
-                sys.stdout.write("\r\033[K  " + install.text()[:150])
-                sys.stdout.flush()
+                draw()
             elif time.monotonic() - printed >= LOG_EVERY_S:
                 printed = time.monotonic()
                 print("  " + install.text(), flush=True)
+    finished.set()
     if tty:
-        sys.stdout.write("\r\033[K")
+        with lock:
+            sys.stdout.write("\r\033[K")
     seconds = time.monotonic() - install.started
     print(f"  pip: {install.installing} packages installed in {seconds:.0f} s (log: {log_path})")
     if install.installing:
