@@ -62,7 +62,8 @@ class SweepConsole:
         self.console.print(f"  [dim]{title} ({time.perf_counter() - started:.1f} s)[/dim]")
 
     def rung_start(self, position: int, rungs: int, name: str, measured_s: list[float], done: int) -> None:
-        self.console.print(f"[bold]{name}[/bold] [dim]— {progress.sweep_text(position, rungs, measured_s, done)}[/dim]")
+        where = progress.sweep_text(position, rungs, measured_s, done)
+        self.console.print(f"[bold]{name}[/bold] [dim]— {where}[/dim]")
 
     def levels(self, name: str, bench) -> None:
         self.console.print(level_table(bench, f"{name}: load ladder"))

@@ -41,9 +41,9 @@ class Install:
 
     def text(self) -> str:
         elapsed = self.clock() - self.started
+        of = f"/{self.before['packages']}" if self.before.get("packages") else ""
         what = (f"installing {self.installing} packages" if self.installing else
-                f"resolving: {self.collected}{'/' + str(self.before['packages']) if self.before.get('packages') else ''}"
-                f" packages collected")
+                f"resolving: {self.collected}{of} packages collected")
         if self.downloaded:
             what += f", {self.downloaded} downloaded ({self.mb:.0f} MB)"
         basis = (f"the last install here took {self.before['seconds']:.0f} s" if self.before.get("seconds") else
