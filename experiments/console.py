@@ -1,11 +1,17 @@
 """What the user sees: a live status line per stage, a line per finished rung, and the ladder table."""
 from __future__ import annotations
 
+import contextlib
 import time
 from contextlib import contextmanager
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from experiments import progress
+
+LOG_EVERY_S = 15.0
 
 def quiet_libraries() -> None:
     """Library chatter (progress bars, per-request warnings) would bury what the user came for."""
@@ -25,22 +31,39 @@ VERDICT_STYLE = {"accepted": "green", "rejected": "red", "skipped": "yellow", "f
 
 
 class SweepConsole:
-    def __init__(self, console: Console | None = None):
+    def __init__(self, console: Console | None = None, relay: bool = False):
         if console is None:
             console = Console()
             if not console.is_terminal:   # logs and CI: wide enough that the table stays readable
                 console = Console(width=160)
         self.console = console
+        self.relay = relay and progress.relaying()
 
     def note(self, message: str) -> None:
         self.console.print(f"  [dim]{message}[/dim]")
 
     @contextmanager
     def stage(self, title: str):
+        """A live line while the stage runs: its title, and where it counts work, done/total, time in and an
+        estimate of what remains (experiments/progress.py), refreshed as the spinner turns. Off a terminal
+        (logs, CI) a progress line is printed every LOG_EVERY_S instead. In a measuring child (relay=True) the
+        same events go up to the process that shows them."""
         started = time.perf_counter()
-        with self.console.status(title) as status:
-            yield _Stage(status)
+        st = Stage(title, self.console, self.relay)
+        if self.relay:
+            progress.send(("stage", title), urgent=True)
+        # rich's live display refreshes from a thread of its own, terminal or not: none in a measuring child (it
+        # would run beside the measurement) nor where nobody sees it, and 4 a second (not 12.5) where one is shown,
+        # in the rung's process that runs while its children measure
+        live = (self.console.status(st, refresh_per_second=4) if self.console.is_terminal and not self.relay
+                else contextlib.nullcontext())
+        with live:
+            yield st
         self.console.print(f"  [dim]{title} ({time.perf_counter() - started:.1f} s)[/dim]")
+
+    def rung_start(self, position: int, rungs: int, name: str, measured_s: list[float], done: int) -> None:
+        where = progress.sweep_text(position, rungs, measured_s, done)
+        self.console.print(f"[bold]{name}[/bold] [dim]— {where}[/dim]")
 
     def levels(self, name: str, bench) -> None:
         self.console.print(level_table(bench, f"{name}: load ladder"))
@@ -111,9 +134,46 @@ def _percentiles(st, names) -> str:
     return " / ".join(out)
 
 
-class _Stage:
-    def __init__(self, status):
-        self._status = status
+class Stage:
+    """What the live line shows; rendered anew at each refresh, so the estimate counts down between events."""
+
+    def __init__(self, title: str, console: Console, relay: bool = False, clock=time.monotonic):
+        self.title, self._console, self._relay, self._clock = title, console, relay, clock
+        self.tracker = progress.Tracker(clock)
+        self.child_title = ""             # the stage a measuring child is in, relayed
+        self._printed = self._began = clock()
 
     def update(self, text: str) -> None:
-        self._status.update(text)
+        self.title = text
+
+    def progress(self, done: float, total: float | None = None, what: str | None = None, unit: str | None = None,
+                 planned_s: float | None = None) -> None:
+        """done of total units of `what` (a new `what` starts a new count and clock)."""
+        new = what is not None and what != self.tracker.what
+        self.tracker.progress(done, total, what, unit, planned_s)
+        if self._relay:
+            progress.send(("progress", done, total, what, unit, planned_s),
+                          urgent=new or (self.tracker.total is not None and done >= self.tracker.total))
+        elif not self._console.is_terminal and self._clock() - self._printed >= LOG_EVERY_S:
+            self._printed = self._clock()
+            self._console.print(Text(f"  {self.describe(' — ')}", style="dim"), soft_wrap=True)
+
+    def relayed(self, message) -> None:
+        """A measuring child's event (isolation.run's on_progress)."""
+        if message[0] == "stage":
+            self.child_title, self.tracker = message[1], progress.Tracker(self._clock)
+            self._began = self._clock()
+        elif message[0] == "progress":
+            self.progress(*message[1:])
+
+    def describe(self, sep: str = "\n  ") -> str:
+        # nothing counted (a build): the time it has taken so far, which a spinner alone does not say
+        counted = self.tracker.text() or f"{self._clock() - self._began:.0f} s in"
+        inner = " — ".join(t for t in (self.child_title, counted) if t)
+        return f"{self.title}{sep}{inner}" if inner else self.title
+
+    def __rich__(self) -> Text:
+        try:
+            return Text(self.describe())
+        except Exception:   # read mid-update by the display's thread: the title alone this frame
+            return Text(self.title)

@@ -58,16 +58,17 @@ class Apart:
     logs: Path
     stem: str                         # rung name and run id: each process's log is <stem>-<what>.log
 
-    def run(self, what: str, fn, *args):
-        done = isolation.run(fn, args, self.limits, self.logs / f"{self.stem}-{what}.log")
+    def run(self, what: str, fn, *args, on_progress=None):
+        done = isolation.run(fn, args, self.limits, self.logs / f"{self.stem}-{what}.log", on_progress=on_progress)
         if done.failure:
             raise MeasurementFailed(f"{what}: {done.failure}")
         return done.value
 
 
-def measure(cand: Candidate, sweep, name: str, apart: Apart) -> Measured:
-    """Build, load ladder, accuracy and fidelity in a process of its own."""
-    return apart.run("measure", _measure_here, cand, replace(sweep, ui=None), name)
+def measure(cand: Candidate, sweep, name: str, apart: Apart, on_progress=None) -> Measured:
+    """Build, load ladder, accuracy and fidelity in a process of its own; its stages and counts go to
+    on_progress (console.Stage.relayed)."""
+    return apart.run("measure", _measure_here, cand, replace(sweep, ui=None), name, on_progress=on_progress)
 
 
 def level_run(cand: Candidate, threads: int, artefacts: Path, workload, load, concurrency: int, confidence: float,
@@ -99,10 +100,11 @@ def in_own_process(build, apart: Apart, workload, load, concurrency: int, confid
 
 
 def soaked(judge, cand: Candidate, bench: BenchmarkReport, criteria: list, sweep, name: str, run_id: str,
-           apart: Apart) -> list:
+           apart: Apart, on_progress=None) -> list:
     """judge(engine, bench, criteria, sweep, name) (rung.soak_criterion) on a fresh build of `cand`, in a
     process of its own that logs to the rung's run."""
-    return apart.run("soak", _soak_here, judge, cand, bench, criteria, replace(sweep, ui=None), name, run_id)
+    return apart.run("soak", _soak_here, judge, cand, bench, criteria, replace(sweep, ui=None), name, run_id,
+                     on_progress=on_progress)
 
 
 def numerics_key(cand: Candidate) -> tuple:
@@ -117,21 +119,25 @@ def numerics_key(cand: Candidate) -> tuple:
 
 # --- in the child -----------------------------------------------------------------------------------------------
 def _quiet_console():
-    """The child's console goes to its log (stderr there): the rung's process prints what matters."""
+    """The child's console goes to its log (stderr there); its stages and counts are relayed to the rung's
+    process, which shows them."""
     from rich.console import Console
 
     from experiments.console import SweepConsole, quiet_libraries
 
     quiet_libraries()
-    return SweepConsole(Console(stderr=True, width=160))
+    return SweepConsole(Console(stderr=True, width=160), relay=True)
 
 
 def _measure_here(cand: Candidate, sweep, name: str) -> Measured:
     cfg = sweep.cfg
     ui = _quiet_console()
-    engine = build_engine(cand, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
+    with ui.stage(f"{name}: building the {cand.recipe.engine} engine"):
+        engine = build_engine(cand, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
     try:
-        bench = run_benchmark(engine, sweep.workload, cfg.benchmark, cfg.gate.confidence)
+        with ui.stage(f"{name}: load ladder") as st:
+            bench = run_benchmark(engine, sweep.workload, cfg.benchmark, cfg.gate.confidence,
+                                  on_level=_level_counter(st, cfg.benchmark))
         key = numerics_key(cand)
         if key in sweep.scores:
             # Same weights, same runtime, same kernels (only the scheduler differs): lm-eval and the
@@ -145,6 +151,19 @@ def _measure_here(cand: Candidate, sweep, name: str) -> Measured:
                         sweep.kind.reference, os.getpid())
     finally:
         engine.close()
+
+
+def _level_counter(st, cfg_benchmark):
+    """on_level for run_benchmark: levels started so far of those planned, each planned at its warm-up and
+    shortest measured window (the rate seen takes over after the first level)."""
+    loads = list(cfg_benchmark.rates if cfg_benchmark.get("mode", "closed") == "open" else cfg_benchmark.concurrency)
+    per_level = float(cfg_benchmark.get("warmup_s", 0.0)) + float(cfg_benchmark.min_duration_s)
+    started = [0]
+
+    def on_level(load):
+        st.progress(started[0], len(loads), "levels", planned_s=per_level * len(loads))
+        started[0] += 1
+    return on_level
 
 
 def _level_here(build, workload, load, concurrency: int, confidence: float) -> LevelReport:

@@ -82,8 +82,10 @@ def kept_layers(teacher_layers: int, student_layers: int) -> tuple[int, ...]:
 
 
 def distill(teacher_dir: Path, texts: list[str], settings: DistillSettings, cache_dir: Path, threads: int = 1,
-            progress: Callable[[str], None] = log.info) -> DistillResult:
-    """The student folder for (teacher, texts, settings): built here, or reused from the cache."""
+            progress: Callable[[str], None] = log.info,
+            on_step: Callable[[int, int], None] | None = None) -> DistillResult:
+    """The student folder for (teacher, texts, settings): built here, or reused from the cache; on_step(done,
+    total) after each training step."""
     started = time.perf_counter()
     teacher_dir = Path(teacher_dir)
     key = student_key(teacher_dir, texts, settings)
@@ -91,7 +93,7 @@ def distill(teacher_dir: Path, texts: list[str], settings: DistillSettings, cach
     record = {}
 
     def build(tmp: Path) -> None:
-        record.update(_build(teacher_dir, texts, settings, threads, progress, tmp))
+        record.update(_build(teacher_dir, texts, settings, threads, progress, tmp, on_step))
         record["train_seconds"] = round(time.perf_counter() - started, 2)
         (tmp / "distill.json").write_text(json.dumps(record, indent=2))
 
@@ -177,7 +179,8 @@ def init_student(teacher, student_layers: int):
     return student, keep
 
 
-def _build(teacher_dir: Path, texts: list[str], s: DistillSettings, threads: int, progress, out: Path) -> dict:
+def _build(teacher_dir: Path, texts: list[str], s: DistillSettings, threads: int, progress, out: Path,
+           on_step=None) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -191,7 +194,7 @@ def _build(teacher_dir: Path, texts: list[str], s: DistillSettings, threads: int
         progress(f"student: {s.student_layers} of the teacher's {teacher.config.num_hidden_layers} layers "
                  f"(from layers {list(keep)}); distilling {s.steps} steps")
         stream = token_stream(tokenizer, texts)
-        kd, ce = _train(teacher, student, stream, s, progress)
+        kd, ce = _train(teacher, student, stream, s, progress, on_step)
         student.eval()
         student.save_pretrained(out, safe_serialization=True)
         for f in Path(teacher_dir).iterdir():
@@ -232,7 +235,7 @@ def kd_loss(student_logits, teacher_logits, input_ids, temperature: float, alpha
     return alpha * kd + (1 - alpha) * ce, kd, ce
 
 
-def _train(teacher, student, stream, s: DistillSettings, progress) -> tuple[float, float]:
+def _train(teacher, student, stream, s: DistillSettings, progress, on_step=None) -> tuple[float, float]:
     import torch
 
     if len(stream) <= s.seq_len + 1:
@@ -254,6 +257,8 @@ def _train(teacher, student, stream, s: DistillSettings, progress) -> tuple[floa
         opt.zero_grad(set_to_none=True)
         kd_ema = kd.item() if kd_ema is None else 0.9 * kd_ema + 0.1 * kd.item()
         ce_ema = ce.item() if ce_ema is None else 0.9 * ce_ema + 0.1 * ce.item()
+        if on_step:
+            on_step(step + 1, s.steps)
         if (step + 1) % max(1, s.steps // 5) == 0:
             progress(f"distill step {step + 1}/{s.steps}: KD {kd_ema:.3f}, CE {ce_ema:.3f}")
     return float(kd_ema), float(ce_ema)

@@ -136,10 +136,13 @@ class BaselineLogprobs:
         # The last token has no next token inside the window: score window[:-1], predict window[1:].
         return cls(windows, tuple(score(w[:-1]).astype(np.float32) for w in windows))
 
-    def compare(self, candidate_engine) -> FidelityReport:
+    def compare(self, candidate_engine, progress=None) -> FidelityReport:
+        """progress(done, total, what, unit): windows scored (console.Stage.progress)."""
         score = logprob_scorer(candidate_engine)
         kl, top1, base_nll, cand_nll = [], [], [], []
-        for window, base in zip(self.sequences, self.logprobs):
+        for i, (window, base) in enumerate(zip(self.sequences, self.logprobs)):
+            if progress:
+                progress(i, len(self.sequences), "fidelity", "windows")
             cand = score(window[:-1])
             kl.append(kl_per_position(base, cand).mean())
             top1.append((base.argmax(-1) == cand.argmax(-1)).mean())

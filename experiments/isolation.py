@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 
+from experiments import progress
 from experiments.errors import ConfigError
 from experiments.secrets import ScrubbedStream, guard_console
 from experiments.settings import check_section
@@ -85,9 +86,10 @@ def _fork_server():
     return _context
 
 
-def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None) -> Outcome:
+def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None, on_progress=None) -> Outcome:
     """fn(*args) in a child; its value, or why there is none. A KeyboardInterrupt in the caller (a second
-    Ctrl-C) ends the child at once and is raised again."""
+    Ctrl-C) ends the child at once and is raised again. What the child relays (experiments/progress.py) goes to
+    on_progress as it comes."""
     ctx = _fork_server()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     receiver, sender = ctx.Pipe(duplex=False)
@@ -105,11 +107,17 @@ def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None) -> Outco
                     status, value = receiver.recv()
                 except (EOFError, OSError):
                     break                      # died without a word: the exit code says how
-                child.join(30)
-                if status == "raised":
-                    raise value
-                return Outcome(value, None, peak, time.monotonic() - started)
-            if not child.is_alive() and not receiver.poll(0):
+                if status != "progress":
+                    child.join(30)
+                    if status == "raised":
+                        raise value
+                    return Outcome(value, None, peak, time.monotonic() - started)
+                if on_progress:        # and on to the limits: a chatty child is watched as a quiet one
+                    try:
+                        on_progress(value)
+                    except Exception:  # a display's fault must not cost the measurement
+                        logging.getLogger(__name__).exception("progress display")
+            elif not child.is_alive() and not receiver.poll(0):
                 break
             rss = _tree_rss(child.pid, family)
             peak = max(peak, rss)
@@ -233,10 +241,11 @@ def _resident_main(conn, setup, log_path: str) -> None:
 
 def _child_main(sender, fn, args, log_path: str) -> None:
     log_file = _settle_child(sender, log_path)
+    progress.connect(sender)
     try:
-        sender.send(("ok", fn(*args)))
+        progress.send_result(("ok", fn(*args)))
     except ConfigError as exc:    # bad input found by the rung: the sweep stops, as it would without a child
-        sender.send(("raised", exc))
+        progress.send_result(("raised", exc))
     except BaseException:
         traceback.print_exc(file=log_file)
         raise

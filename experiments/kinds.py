@@ -80,10 +80,11 @@ class CausalLM:
         cfg = self.cfg
         acc = []
         if self.tasks:
-            with stage(f"{name}: lm-eval in the {engine.name} engine"):
+            with stage(f"{name}: lm-eval in the {engine.name} engine") as st:
                 acc = evaluate(engine.lm_eval_model(int(cfg.accuracy.batch_size)), self.tasks,
-                               cfg.gate.accuracy.metric, self.include_path, cfg.accuracy.limit, cfg.seed)
-        with stage(f"{name}: fidelity against the baseline"):
+                               cfg.gate.accuracy.metric, self.include_path, cfg.accuracy.limit, cfg.seed,
+                               st.progress)
+        with stage(f"{name}: fidelity against the baseline") as st:
             # Against the original baseline, not the champion, so drift cannot build up rung by rung.
             if self.reference is None:
                 generations = None
@@ -93,8 +94,8 @@ class CausalLM:
                                                              self.stop_ids)
                 self.reference = Reference(BaselineLogprobs.record(engine, self.windows), generations)
             ref = self.reference
-            agreement = ref.generations.compare(engine) if ref.generations is not None else None
-            return acc, Drift(ref.logprobs.compare(engine), agreement)
+            agreement = ref.generations.compare(engine, st.progress) if ref.generations is not None else None
+            return acc, Drift(ref.logprobs.compare(engine, st.progress), agreement)
 
     def judge(self, drift: Drift) -> list[Criterion]:
         from experiments import agreement

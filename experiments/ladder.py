@@ -37,8 +37,10 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         resolve_device(cfg.target.get("device", "auto"), env)   # before any work: the baseline's device
     except ValueError as exc:
         raise ConfigError(str(exc), "set target.device to auto, cpu or a CUDA device this machine has") from None
-    with ui.stage("target: building or loading the model"):
-        target, texts, shipped_tasks = resolve(cfg.target, Path(cfg.cache_dir), data_dir, ui.note)
+    with ui.stage("target: building or loading the model") as st:
+        target, texts, shipped_tasks = resolve(cfg.target, Path(cfg.cache_dir), data_dir, ui.note,
+                                               on_step=lambda done, total: st.progress(done, total, "training",
+                                                                                       "steps"))
     include_path = Path(cfg.accuracy.include_path) if cfg.accuracy.include_path else shipped_tasks
     kind = kinds.for_target(cfg, target, texts, include_path)
     workload = kind.workload()
@@ -64,10 +66,15 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         _record_start(resume, why, sweep, outcomes, top)
         if not_applicable:
             tracking.set_tag("roi.slos.not_applicable", ", ".join(s.text for s in not_applicable))
+        measured_s = []                  # how long each rung that applied took: the estimate of what remains
         for name, opt in rungs[len(outcomes):]:
             if stop.requested:
                 break
+            ui.rung_start(len(outcomes) + 1, len(rungs), name, measured_s, len(outcomes))
+            began = time.monotonic()
             outcome = climb(name, opt, champion, sweep, book, keys[name])
+            if outcome.verdict.status != "skipped":
+                measured_s.append(time.monotonic() - began)
             outcomes.append(outcome)
             if outcome.verdict.accepted:
                 champion = outcome

@@ -119,8 +119,12 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
     outcome = RungOutcome(name, Verdict("failed", "not run"), run_id=run_id)
     apart = contender.Apart(isolation.Limits.for_rung(cfg.isolation, name), sweep.logs, f"{name}-{run_id[:8]}")
     try:
-        with sweep.ui.stage(f"{name}: applying the rung ({opt.cost} cost)"):
-            outcome.candidate = cand = opt.apply(current)
+        with sweep.ui.stage(f"{name}: applying the rung ({opt.cost} cost)") as st:
+            opt.on_progress = st.progress
+            try:
+                outcome.candidate = cand = opt.apply(current)
+            finally:
+                opt.on_progress = None
         if cand.target.model_dir != current.target.model_dir:   # the rung made a new model
             tracking.set_tag("roi.model_dir", str(cand.target.model_dir))
         mlflow.log_params(tracking.flatten({"recipe": cand.describe()}))
@@ -156,8 +160,8 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
 def _measure(cand, sweep: Sweep, name: str, apart: contender.Apart) -> contender.Measured:
     """The candidate's load ladder, accuracy and fidelity, measured in a process of its own; logged here."""
     with sweep.ui.stage(f"{name}: {cand.recipe.engine} engine: build, load ladder and scores, in a process "
-                        f"of its own"):
-        measured = contender.measure(cand, sweep, name, apart)
+                        f"of its own") as st:
+        measured = contender.measure(cand, sweep, name, apart, on_progress=st.relayed)
     mlflow.log_metric("artefact_bytes", measured.artefact_bytes)
     mlflow.log_metric("weight_bits", measured.weight_bits)
     if measured.build_seconds is not None:
@@ -208,8 +212,11 @@ def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart
     load = interleaved.load_config(cfg.benchmark, rounds_cfg, c)
     title = f"{name}: champion and challenger in {rounds_cfg.rounds} alternating rounds at c={c}{why}"
     with sweep.ui.stage(title) as st:
+        # planned: both sides' runs of `seconds` each; the rate seen (warm-up and drain included) takes over
+        planned = 2 * float(rounds_cfg.seconds) * int(rounds_cfg.rounds)
+
         def on_round(r):
-            st.update(f"{name}: interleaved round {r + 1} of {rounds_cfg.rounds} at c={c}{why}")
+            st.progress(r, int(rounds_cfg.rounds), "rounds", planned_s=planned)
 
         sides = {"champion": champion, "challenger": cand}
         if rounds_cfg.get("fresh_build_per_run", False):
@@ -223,9 +230,11 @@ def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart
                 return one
             return interleaved.measure({who: fresh(who) for who in sides}, int(rounds_cfg.rounds), c, on_round)
         with contextlib.ExitStack() as stack:
-            built = {who: stack.enter_context(contender.resident(recipe, threads, artefacts, apart,
-                                                                 f"rounds{attempt}-{who}"))
-                     for who, recipe in sides.items()}
+            built = {}
+            for who, recipe in sides.items():
+                st.progress(len(built), len(sides), "builds, each in a process of its own")
+                built[who] = stack.enter_context(contender.resident(recipe, threads, artefacts, apart,
+                                                                    f"rounds{attempt}-{who}"))
             runs = {who: functools.partial(contender.resident_level_run, built[who], sweep.workload, load, c,
                                            cfg.gate.confidence) for who in sides}
             return interleaved.measure(runs, int(rounds_cfg.rounds), c, on_round)
@@ -241,8 +250,9 @@ def _log_rounds(rounds: interleaved.Rounds, obj, csv_path: str, metric: str) -> 
 def _soak(cand, bench, criteria, sweep: Sweep, name: str, run_id: str, apart: contender.Apart) -> list[Criterion]:
     if _soak_skipped(criteria, sweep.cfg):
         return soak_criterion(None, bench, criteria, sweep, name)      # tags why; builds nothing
-    with sweep.ui.stage(f"{name}: soak, on a fresh build in a process of its own"):
-        return contender.soaked(soak_criterion, cand, bench, criteria, sweep, name, run_id, apart)
+    with sweep.ui.stage(f"{name}: soak, on a fresh build in a process of its own") as st:
+        return contender.soaked(soak_criterion, cand, bench, criteria, sweep, name, run_id, apart,
+                                on_progress=st.relayed)
 
 
 def _accuracy_criteria(gate: Gate, champion: list[AccuracyReport], challenger: list[AccuracyReport]) -> list[Criterion]:
@@ -270,8 +280,11 @@ def soak_criterion(engine, bench: BenchmarkReport, criteria: list[Criterion], sw
     with sweep.ui.stage(f"{name}: soak at c={clients} ({why}) for {total:g} s") as st:
         server = serve(engine)
         try:
-            report = soak.run_soak(server, sweep.workload, cfg.soak, clients, on_window=lambda w: st.update(
-                f"{name}: soak at c={clients}, {w.start_s + w.duration_s:.0f} of {total:g} s"))
+            windows = sum(soak.window_counts(cfg.soak))
+            seen = []
+            st.progress(0, windows, "soak", f"windows of {cfg.soak.window_s:g} s", planned_s=total)
+            report = soak.run_soak(server, sweep.workload, cfg.soak, clients,
+                                   on_window=lambda w: (seen.append(w), st.progress(len(seen), windows)))
         finally:
             server.close()
     report.to_mlflow()

@@ -83,10 +83,14 @@ class Window:
         return self.start_s + self.duration_s / 2
 
 
+def window_counts(cfg) -> tuple[int, int]:
+    """(warm-up windows, measured windows)."""
+    return math.ceil(cfg.warmup_s / cfg.window_s - 1e-9), math.floor(cfg.duration_s / cfg.window_s + 1e-9)
+
+
 def run_soak(server, workload: Workload, cfg, concurrency: int, on_window=lambda w: None) -> "SoakReport":
     """warmup_s + duration_s of closed-loop load at `concurrency`, in windows of window_s."""
-    n_warm = math.ceil(cfg.warmup_s / cfg.window_s - 1e-9)
-    n_measured = math.floor(cfg.duration_s / cfg.window_s + 1e-9)
+    n_warm, n_measured = window_counts(cfg)
     k = int(cfg.drift_windows)
     first: list[np.ndarray] = []                 # e2e of the first k measured windows
     last: deque[np.ndarray] = deque(maxlen=k)    # and of the last k: bounded, whatever the duration

@@ -45,12 +45,14 @@ def check_source(cfg_target) -> None:
     raise ConfigError(f"target.source {source!r} does not exist", "pass an existing model folder or builtin:tiny-llm")
 
 
-def resolve(cfg_target, cache_dir: Path, data_dir: Path, progress) -> tuple[Target, list[str], Path | None]:
-    """(target, held-out texts for the workload, lm-eval include path for its shipped tasks)."""
+def resolve(cfg_target, cache_dir: Path, data_dir: Path, progress,
+            on_step=None) -> tuple[Target, list[str], Path | None]:
+    """(target, held-out texts for the workload, lm-eval include path for its shipped tasks); on_step(done,
+    total) counts the training steps of a model built here."""
     check_source(cfg_target)
     if str(cfg_target.source) == "builtin:tiny-llm":
         recipe = TinyLlmRecipe(**cfg_target.build)
-        model_dir = ensure_built(recipe, cache_dir, progress)
+        model_dir = ensure_built(recipe, cache_dir, progress, on_step)
         texts = Corpus.from_stdlib(recipe.heldout_every).heldout
         tasks = task_include_path(model_dir, data_dir / "tasks" / model_dir.name)
         return Target(cfg_target.name, cfg_target.kind, model_dir), texts, tasks

@@ -91,6 +91,8 @@ class Optimizer(ABC):
     # Drift from the baseline's next-token distribution is a gate criterion for rungs that should not change
     # what the model says (engines, precision, quantization); a retrained model is judged on accuracy alone.
     fidelity_gated: bool = True
+    # While `apply` runs, the rung's stage.progress(done, total, what, unit): a long apply (training) counts.
+    on_progress = None
 
     def observe(self, champion) -> None:
         """The current champion's RungOutcome (None before the baseline), just before `check`: rungs that

@@ -144,7 +144,9 @@ class Distillation(Optimizer):
         from experiments.models.corpus import Corpus
 
         texts = Corpus.from_stdlib(int(self.corpus_heldout_every)).train
+        report = self.on_progress
         self.result = distill(Path(cand.target.model_dir), texts, self.settings, self.cache_dir, self.threads,
-                              log.info)
+                              log.info, (lambda done, total: report(done, total, "distillation", "steps"))
+                              if report else None)
         student = replace(cand.target, model_dir=self.result.path)
         return replace(cand.edited(self.name), target=student)

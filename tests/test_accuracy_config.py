@@ -74,8 +74,13 @@ def test_a_local_task_folder_is_found_and_scored_via_include_path(tmp_path, mode
     check_tasks(["my_nextline"], folder)
     lm = HFLM(pretrained=AutoModelForCausalLM.from_pretrained(model_dir), batch_size=8, device="cpu",
               tokenizer=AutoTokenizer.from_pretrained(model_dir))
-    [rep] = evaluate(lm, ["my_nextline"], "acc_mutual_info", folder, None, 0)
+    seen = []
+    [rep] = evaluate(lm, ["my_nextline"], "acc_mutual_info", folder, None, 0,
+                     progress=lambda done, total=None, what=None, unit=None: seen.append((done, total, what)))
     assert rep.task == "my_nextline" and len(rep.per_doc) == 12 and set(rep.per_doc) <= {0.0, 1.0}
+    total = seen[0][1]                   # lm-eval's progress: every request answered is counted, up to the total
+    assert seen[0] == (0, total, "loglikelihood") and total >= 48
+    assert [done for done, _, _ in seen[1:]] == list(range(1, total + 1))
     assert rep.value == pytest.approx(np.mean(rep.per_doc))
 
 

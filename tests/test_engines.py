@@ -1,4 +1,6 @@
 """The rungs really change what runs: ONNX Runtime executes the graph, INT8 weights are 8-bit, outputs agree."""
+import types
+
 import numpy as np
 import onnx
 import pytest
@@ -76,9 +78,14 @@ def test_onnx_session_lm_matches_hflm_on_the_same_weights(engines):
 
     reqs = [Instance("loglikelihood", {}, (ctx, cont), i) for i, (ctx, cont) in enumerate(
         [("def f(x):\n", "    return x"), ("import os\n", "import sys"), ("class A:\n", "    pass")])]
-    hf = engines["torch"].lm_eval_model(batch_size=4).loglikelihood(reqs, disable_tqdm=True)
-    ort = engines["ort"].lm_eval_model(batch_size=4).loglikelihood(reqs, disable_tqdm=True)
-    for (a, ga), (b, gb) in zip(hf, ort):
+    answers = {}
+    for name in ("torch", "ort"):
+        lm = engines[name].lm_eval_model(batch_size=4)
+        seen = []
+        lm.cache_hook = types.SimpleNamespace(add_partial=lambda attr, req, res, seen=seen: seen.append(attr))
+        answers[name] = lm.loglikelihood(reqs, disable_tqdm=True)
+        assert seen == ["loglikelihood"] * 3      # what lm-eval's progress counts: one per request
+    for (a, ga), (b, gb) in zip(answers["torch"], answers["ort"]):
         assert a == pytest.approx(b, abs=1e-3) and ga == gb
 
 

@@ -260,7 +260,7 @@ def sweep(tmp_path):
 
     @contextmanager
     def stage(title):
-        yield SimpleNamespace(update=lambda text: None)
+        yield SimpleNamespace(update=lambda text: None, progress=lambda *a, **k: None)
 
     experiment_id = tracking.connect(cfg.tracking)
     return SimpleNamespace(cfg=cfg, workload=prompts(), ui=SimpleNamespace(stage=stage),

@@ -58,8 +58,10 @@ class TinyLlmRecipe:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def ensure_built(recipe: TinyLlmRecipe, data_dir: Path, progress: Callable[[str], None] = log.info) -> Path:
-    """Return the folder of the built model, building it only if no valid cached copy exists."""
+def ensure_built(recipe: TinyLlmRecipe, data_dir: Path, progress: Callable[[str], None] = log.info,
+                 on_step: Callable[[int, int], None] | None = None) -> Path:
+    """Return the folder of the built model, building it only if no valid cached copy exists; on_step(done,
+    total) after each training step."""
     corpus = Corpus.from_stdlib(recipe.heldout_every)
     out = Path(data_dir) / "models" / f"tiny-llm-{recipe.key(corpus)}"
     built = {}
@@ -68,7 +70,7 @@ def ensure_built(recipe: TinyLlmRecipe, data_dir: Path, progress: Callable[[str]
         started = time.perf_counter()
         tokenizer = _train_tokenizer(recipe, corpus, tmp)
         progress(f"tokenizer trained ({tokenizer.vocab_size} tokens); training {recipe.steps} steps")
-        model, final_loss = _train_model(recipe, corpus, tokenizer, progress)
+        model, final_loss = _train_model(recipe, corpus, tokenizer, progress, on_step)
         model.save_pretrained(tmp, safe_serialization=True)
         _write_task(recipe, corpus, tmp)
         built.update(recipe=asdict(recipe), corpus=corpus.fingerprint, final_train_loss=final_loss,
@@ -114,7 +116,7 @@ def adamw_warmup_cosine(model, lr: float, steps: int):
     return opt, sched
 
 
-def _train_model(recipe: TinyLlmRecipe, corpus: Corpus, tokenizer, progress):
+def _train_model(recipe: TinyLlmRecipe, corpus: Corpus, tokenizer, progress, on_step=None):
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -147,6 +149,8 @@ def _train_model(recipe: TinyLlmRecipe, corpus: Corpus, tokenizer, progress):
         sched.step()
         opt.zero_grad(set_to_none=True)
         loss_ema = loss.item() if loss_ema is None else 0.9 * loss_ema + 0.1 * loss.item()
+        if on_step:
+            on_step(step + 1, recipe.steps)
         if (step + 1) % max(1, recipe.steps // 10) == 0:
             progress(f"train step {step + 1}/{recipe.steps} loss {loss_ema:.3f}")
     model.eval()
