@@ -15,6 +15,7 @@ import numpy as np
 
 from experiments.level import LevelReport
 from experiments.load import run_level
+from experiments.names import Metric
 from experiments.serving.engine import Engine
 from experiments.serving.servers import serve
 from experiments.workload import Workload
@@ -74,8 +75,8 @@ class BenchmarkReport:
 
     def samples_csv(self) -> str:
         buf = io.StringIO()
-        cols = ["concurrency", "prompt_id", "input_tokens", "output_tokens", "e2e_ms", "ttft_ms", "tpot_ms",
-                "queue_ms", "model_ms", "send_lag_ms", "error", "timed_out"]
+        cols = ["concurrency", "prompt_id", "input_tokens", "output_tokens", Metric.E2E_MS, Metric.TTFT_MS,
+                Metric.TPOT_MS, Metric.QUEUE_MS, Metric.MODEL_MS, Metric.SEND_LAG_MS, "error", "timed_out"]
         w = csv.DictWriter(buf, fieldnames=cols)
         w.writeheader()
         for lv in self.levels:
@@ -85,7 +86,7 @@ class BenchmarkReport:
                        "output_tokens": len(r.token_times)}
                 if r.ok:
                     row.update({k: round(v, 4) for k, v in r.metrics().items()
-                                if k in cols and (lv.decodes or k not in ("ttft_ms", "tpot_ms"))})
+                                if k in cols and (lv.decodes or k not in (Metric.TTFT_MS, Metric.TPOT_MS))})
                 w.writerow(row)
         return buf.getvalue()
 

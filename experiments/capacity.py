@@ -10,6 +10,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from experiments.errors import ConfigError
+from experiments.names import Metric
 from experiments.settings import check_section
 from experiments.slo import parse_all
 
@@ -54,7 +55,7 @@ def plan(bench, cfg) -> CapacityPlan:
     note = "largest measured concurrency meeting the tier's SLOs"
     if best is bench.levels[-1] and slos:
         note += " (the highest level measured: a lower bound on capacity)"
-    e2e_s = float(best.values("e2e_ms").mean()) / 1e3
+    e2e_s = float(best.values(Metric.E2E_MS).mean()) / 1e3
     out_tokens = float(best.values("output_tokens").mean())
     base = math.ceil(cfg.peak_qps * e2e_s / best.concurrency - 1e-9)
     replicas = math.ceil(base * cfg.headroom - 1e-9)

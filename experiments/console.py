@@ -13,6 +13,9 @@ from experiments import progress
 
 LOG_EVERY_S = 15.0
 
+from experiments.names import Metric
+
+
 def quiet_libraries() -> None:
     """Library chatter (progress bars, per-request warnings) would bury what the user came for."""
     import logging
@@ -109,8 +112,8 @@ def level_table(bench, title: str = "load ladder") -> Table:
                 "TPOT p50 ms", "queue %", "CPU %", "flags"):
         table.add_column(col, justify="right" if col not in ("flags",) else "left")
     for lv in bench.levels:
-        e2e, ttft, tpot = (lv.stats.get(m) for m in ("e2e_ms", "ttft_ms", "tpot_ms"))
-        queue, model = lv.stats.get("queue_ms"), lv.stats.get("e2e_ms")
+        e2e, ttft, tpot = (lv.stats.get(m) for m in (Metric.E2E_MS, Metric.TTFT_MS, Metric.TPOT_MS))
+        queue, model = lv.stats.get(Metric.QUEUE_MS), lv.stats.get(Metric.E2E_MS)
         share = f"{queue.mean / model.mean * 100:.0f}" if queue and model and model.mean else "–"
         flags = lv.validity()
         bad = [text for key, text in FLAG_TEXT.items() if flags.get(key) is False] + \

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.names import Metric, Tag
+
 CONF = Path(__file__).resolve().parent.parent / "conf" / "diagnosis" / "default.yaml"
 POINTS_AWAY_FROM_MODEL = ("cpu_side", "memory_capacity", "swinging")
 
@@ -43,9 +45,9 @@ class Diagnosis:
         return f"{self.bottleneck}: {self.summary}"
 
     def tags(self) -> dict[str, str]:
-        return {"roi.diagnosis": self.tag[:5000], "roi.recommended_next_rung": self.next_rung,
-                "roi.recommended_next_rung.reason": self.next_reason[:5000],
-                "roi.diagnosis.resource_layer": self.resources.summary()[:5000]}
+        return {Tag.DIAGNOSIS: self.tag[:5000], Tag.RECOMMENDED_NEXT_RUNG: self.next_rung,
+                Tag.RECOMMENDED_NEXT_RUNG_REASON: self.next_reason[:5000],
+                Tag.DIAGNOSIS_RESOURCE_LAYER: self.resources.summary()[:5000]}
 
     def to_metrics(self) -> dict[str, float]:
         return {f"diagnosis/{k}_share_c{s.concurrency}": v for s in self.shares
@@ -166,7 +168,7 @@ class TimeShare:
     @classmethod
     def of(cls, level) -> "TimeShare | None":
         stats = level.stats
-        e2e, q, m = (stats.get(k) for k in ("e2e_ms", "queue_ms", "model_ms"))
+        e2e, q, m = (stats.get(k) for k in (Metric.E2E_MS, Metric.QUEUE_MS, Metric.MODEL_MS))
         if e2e is None or q is None or m is None or e2e.mean <= 0:
             return None
         return cls(level.concurrency, float(e2e.mean), float(q.mean) / e2e.mean, float(m.mean) / e2e.mean)
@@ -300,8 +302,8 @@ def _swinging(sampled, r, has_accel: bool) -> Finding:
 
 
 def _saturation(levels, r) -> Finding:
-    pts = [(lv.concurrency, lv.qps, lv.stats["e2e_ms"].mean) for lv in levels
-           if getattr(lv, "qps", None) and lv.stats.get("e2e_ms") is not None]
+    pts = [(lv.concurrency, lv.qps, lv.stats[Metric.E2E_MS].mean) for lv in levels
+           if getattr(lv, "qps", None) and lv.stats.get(Metric.E2E_MS) is not None]
     hits = {a[0]: f"→{b[0]}: throughput ×{b[1] / a[1]:.2f}, mean E2E ×{b[2] / a[2]:.2f}"
             for a, b in zip(pts, pts[1:]) if b[1] / a[1] < r.flat_gain and b[2] / a[2] >= r.latency_growth}
     if len(pts) < 2:

@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from experiments import tracking
 from experiments.benchmark import BenchmarkReport, run_ladder
 from experiments.load import check_load
+from experiments.names import Tag
 from experiments.settings import check_settings
 from experiments.serving.servers import serve
 from experiments.workload import Workload
@@ -116,9 +117,9 @@ def bench_endpoint(cfg: DictConfig, url: str, model: str | None, prompt_format: 
                                 on_level=lambda c: st.update(f"{server.url}: load at {c}"))
     finally:
         server.close()
-    tags = {"roi.kind": "endpoint-bench", "roi.endpoint": server.url, "roi.model": server.model,
-            "roi.target": target.name, "roi.prompt_format": prompt_format, "git_commit": tracking.git_commit(),
-            "roi.queue_model_split": "not observable behind an endpoint"}
+    tags = {Tag.KIND: "endpoint-bench", Tag.ENDPOINT: server.url, Tag.MODEL: server.model,
+            Tag.TARGET: target.name, Tag.PROMPT_FORMAT: prompt_format, "git_commit": tracking.git_commit(),
+            Tag.QUEUE_MODEL_SPLIT: "not observable behind an endpoint"}
     with tracking.run("endpoint-bench", experiment_id, tags=tags) as run:
         tracking.log_params(tracking.flatten({"benchmark": OmegaConf.to_container(cfg.benchmark, resolve=True),
                                               "workload": OmegaConf.to_container(wl, resolve=True),

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from experiments.level import LevelReport
 from experiments.errors import ConfigError
+from experiments.names import Metric
 from experiments.stats import min_rounds, summary_stat
 
 
@@ -57,8 +58,8 @@ class Rounds:
 
 def _by_prompt(level: LevelReport, metric: str) -> dict[int, float]:
     """Each prompt's first successful request in the run -> its metric."""
-    if metric == "itl_ms":
-        metric = "tpot_ms"      # a request's mean inter-token latency is its TPOT
+    if metric == Metric.ITL_MS:
+        metric = Metric.TPOT_MS      # a request's mean inter-token latency is its TPOT
     out: dict[int, float] = {}
     for rec in level.records:
         if rec.ok and rec.prompt.id not in out:

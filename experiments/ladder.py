@@ -15,6 +15,7 @@ from experiments.errors import ConfigError, SweepInterrupted
 from experiments.gate import Gate
 from experiments.interrupts import GracefulStop
 from experiments.ledger import Ledger
+from experiments.names import Tag
 from experiments.outcome import RungOutcome, SweepResult, markdown_table
 from experiments.rung import Sweep, climb
 from experiments.slo import applicable, parse_all
@@ -59,13 +60,13 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     sweep_id = resume.sweep_id if resume else time.strftime("%Y%m%d-%H%M%S")
     sweep.logs = data_dir / "logs" / f"{tracking.slug(str(cfg.tracking.experiment))}--{sweep_id}"
     with tracking.run(f"sweep-{sweep_id}", experiment_id, run_id=resume.parent_run_id if resume else None,
-                      tags={"roi.sweep": sweep_id, "roi.target": target.name, "roi.kind": "sweep",
-                            "roi.profile": str(cfg.get("profile_name", "")), "git_commit": tracking.git_commit(),
+                      tags={Tag.SWEEP: sweep_id, Tag.TARGET: target.name, Tag.KIND: "sweep",
+                            Tag.PROFILE: str(cfg.get("profile_name", "")), "git_commit": tracking.git_commit(),
                             "hardware": "cuda" if env.cuda else "cpu"}) as parent, GracefulStop() as stop:
         book.begin(parent.info.run_id, sweep_id, resume.kept if resume else [])   # before anything else is logged
         _record_start(resume, why, sweep, outcomes, top)
         if not_applicable:
-            tracking.set_tag("roi.slos.not_applicable", ", ".join(s.text for s in not_applicable))
+            tracking.set_tag(Tag.SLOS_NOT_APPLICABLE, ", ".join(s.text for s in not_applicable))
         measured_s = []                  # how long each rung that applied took: the estimate of what remains
         for name, opt in rungs[len(outcomes):]:
             if stop.requested:
@@ -84,12 +85,12 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
             ui.rung_done(outcome, top)
         if stop.requested and len(outcomes) < len(rungs):
             book.finish("interrupted")
-            tracking.set_tag("roi.interrupted", f"stopped by Ctrl-C after {outcomes[-1].name if outcomes else 'no rung'}"
+            tracking.set_tag(Tag.INTERRUPTED, f"stopped by Ctrl-C after {outcomes[-1].name if outcomes else 'no rung'}"
                                                 f"; running the same sweep again resumes it")
             raise SweepInterrupted(f"stopped after {len(outcomes)} of {len(rungs)} rungs, each recorded; run the "
                                    f"same command again to resume from {rungs[len(outcomes)][0]}")
-        tracking.set_tags({"roi.champion_run": champion.run_id if champion else "",
-                         "roi.champion_rung": champion.name if champion else ""})
+        tracking.set_tags({Tag.CHAMPION_RUN: champion.run_id if champion else "",
+                         Tag.CHAMPION_RUNG: champion.name if champion else ""})
         if champion and champion.capacity:
             mlflow.log_metrics(champion.capacity.to_metrics())
             tracking.log_text(champion.capacity.to_markdown(), "capacity/plan.md")
@@ -135,7 +136,7 @@ def _record_start(resume, why: str, sweep: Sweep, kept: list[RungOutcome], top: 
     sweep.ui.note(why)
     ledger.mark_stale(resume, sweep.experiment_id)
     resumed_at = time.strftime("%Y-%m-%dT%H-%M-%S")
-    tracking.set_tag("roi.resumed", f"{resumed_at}: {why}")
+    tracking.set_tag(Tag.RESUMED, f"{resumed_at}: {why}")
     # params stay the first attempt's (MLflow keeps them immutable); a changed rung shows in this copy
     tracking.log_config(sweep.cfg, f"config/resumed-{resumed_at}.yaml", params=False)
     for outcome in kept:

@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 
 from experiments import tracking
 from experiments.errors import ConfigError
+from experiments.names import Tag
 
 VERSION = 2
 # Not part of what a rung measures: where runs are shown, labels, the resume switch, what runs after the ladder
@@ -200,12 +201,12 @@ def mark_stale(resume: Resume, experiment_id: str) -> None:
         f"tags.mlflow.parentRunId = '{resume.parent_run_id}' and attributes.status = 'RUNNING'"))
     for run in running:
         if run.info.run_id not in kept:
-            tracking.mark_run(run.info.run_id, {"roi.verdict": "interrupted", "roi.reason": "the sweep stopped "
+            tracking.mark_run(run.info.run_id, {Tag.VERDICT: "interrupted", Tag.REASON: "the sweep stopped "
                               "during this rung (killed, crashed or stopped at once); the resumed sweep redoes it"},
                               "KILLED")
     for entry in resume.stale:
         if entry.status == "done" and tracking.run_status(entry.run_id) is not None:
-            tracking.mark_run(entry.run_id, {"roi.superseded": "its config, or an earlier rung's, changed; the "
+            tracking.mark_run(entry.run_id, {Tag.SUPERSEDED: "its config, or an earlier rung's, changed; the "
                                              "resumed sweep redoes it"})
 
 

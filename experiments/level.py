@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from experiments.names import Metric
 from experiments.resources import ResourceSeries
 from experiments.serving.request import RequestRecord
 from experiments.stats import MIN_SAMPLES_FOR_P99, LatencyStats
@@ -42,7 +43,7 @@ class LevelReport:
             return False
         edges = np.linspace(self.started, self.started + self.duration_s, windows + 1)
         done = np.array([r.token_times[-1] for r in ok])
-        e2e = np.array([r.metrics()["e2e_ms"] for r in ok])
+        e2e = np.array([r.metrics()[Metric.E2E_MS] for r in ok])
         per_window = [(int(((done >= a) & (done < b)).sum()), e2e[(done >= a) & (done < b)])
                       for a, b in zip(edges[:-1], edges[1:])][-3:]
         counts = np.array([c for c, _ in per_window], float)
@@ -80,7 +81,7 @@ class LevelReport:
 
     @property
     def decodes(self) -> bool:
-        return "ttft_ms" in self.stats
+        return Metric.TTFT_MS in self.stats
 
     @property
     def input_tokens_per_s(self) -> float:
@@ -94,12 +95,12 @@ class LevelReport:
 
     def values(self, metric: str) -> np.ndarray:
         ok = [r for r in self.records if r.ok]
-        if metric == "batch_ms":
+        if metric == Metric.BATCH_MS:
             batches: dict[float, float] = {}
             for r in ok:
                 if r.engine_start is not None:
                     batches[r.engine_start] = max(batches.get(r.engine_start, 0.0), r.token_times[-1] - r.engine_start)
             return np.array(list(batches.values())) * 1e3
-        if metric == "itl_ms":
+        if metric == Metric.ITL_MS:
             return np.concatenate([np.diff(r.token_times) * 1e3 for r in ok]) if ok else np.array([])
         return np.array([m[metric] for m in (r.metrics() for r in ok) if metric in m])

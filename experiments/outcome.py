@@ -7,6 +7,7 @@ from experiments.accuracy import AccuracyReport
 from experiments.benchmark import BenchmarkReport
 from experiments.fidelity import FidelityReport
 from experiments.gate import Verdict
+from experiments.names import Metric
 from optimizers.base import Candidate
 
 
@@ -37,9 +38,9 @@ class RungOutcome:
             return {}
         c1, top = self.bench.levels[0], self.bench.level(top_concurrency)
         p50 = lambda m: c1.stats[m].p50.value if c1.stats.get(m) else float("nan")  # noqa: E731
-        out = {"e2e_ms_p50": p50("e2e_ms"), "tokens_per_s": top.output_tokens_per_s}
+        out = {"e2e_ms_p50": p50(Metric.E2E_MS), "tokens_per_s": top.output_tokens_per_s}
         if c1.decodes:
-            out.update(ttft_ms_p50=p50("ttft_ms"), tpot_ms_p50=p50("tpot_ms"))
+            out.update(ttft_ms_p50=p50(Metric.TTFT_MS), tpot_ms_p50=p50(Metric.TPOT_MS))
         if self.accuracy:
             out["accuracy"] = self.accuracy[0].value
         return out

@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 from experiments import tracking
 from experiments.cache import locked
 from experiments.errors import ConfigError
+from experiments.names import Tag
 from optimizers.base import Recipe
 
 CHAMPION = "champion"
@@ -57,10 +58,10 @@ class RollbackResult:
 def promote(tracking_cfg, run_id: str | None = None, model_name: str | None = None) -> PromotionResult:
     client = _connect(tracking_cfg)
     run = _rung_run(client, run_id) if run_id else _latest_champion_run(client, tracking_cfg)
-    verdict = run.data.tags.get("roi.verdict")
+    verdict = run.data.tags.get(Tag.VERDICT)
     if verdict != "accepted":
-        raise ConfigError(f"run {run.info.run_id} (rung {run.data.tags.get('roi.rung')!r}) was {verdict}, "
-                          f"not accepted: {run.data.tags.get('roi.reason', '')[:200]}",
+        raise ConfigError(f"run {run.info.run_id} (rung {run.data.tags.get(Tag.RUNG)!r}) was {verdict}, "
+                          f"not accepted: {run.data.tags.get(Tag.REASON, '')[:200]}",
                           "promote a run whose roi.verdict is accepted (e.g. the sweep's roi.champion_run)")
     sweep = client.get_run(run.data.tags["mlflow.parentRunId"])
     kind = sweep.data.params.get("target.kind", "causal-lm")
@@ -76,7 +77,7 @@ def promote(tracking_cfg, run_id: str | None = None, model_name: str | None = No
         previous = _champion_version(client, name) or ""
         version = str(mlflow.register_model(model_uri, name, tags=_version_tags(run, previous)).version)
         client.set_registered_model_alias(name, CHAMPION, version)
-    client.set_tag(run.info.run_id, "roi.promoted_version", f"{name}/{version}")
+    client.set_tag(run.info.run_id, Tag.PROMOTED_VERSION, f"{name}/{version}")
     return PromotionResult(name, version, run.info.run_id, previous)
 
 
@@ -89,8 +90,8 @@ def _rung_run(client: MlflowClient, run_id: str):
         raise ConfigError(f"run {run_id!r} does not exist in {mlflow.get_tracking_uri()}",
                           "pass the run id of a rung (a child run of a sweep), or omit --run for the "
                           "latest sweep's champion") from None
-    if run.data.tags.get("roi.kind") != "rung" or "mlflow.parentRunId" not in run.data.tags:
-        raise ConfigError(f"run {run_id} is not a rung run (roi.kind={run.data.tags.get('roi.kind')!r})",
+    if run.data.tags.get(Tag.KIND) != "rung" or "mlflow.parentRunId" not in run.data.tags:
+        raise ConfigError(f"run {run_id} is not a rung run (roi.kind={run.data.tags.get(Tag.KIND)!r})",
                           "pass the run id of a rung, i.e. a child run of a sweep")
     if run.info.status != "FINISHED":
         # Logging the package reopens the run, and closing it again would mark a live sweep's run finished.
@@ -100,7 +101,7 @@ def _rung_run(client: MlflowClient, run_id: str):
 
 def _latest_champion_run(client: MlflowClient, tracking_cfg):
     sweep = _latest_sweep(client, tracking_cfg)
-    champion = sweep.data.tags.get("roi.champion_run", "")
+    champion = sweep.data.tags.get(Tag.CHAMPION_RUN, "")
     if not champion:
         raise ConfigError(f"the latest sweep ({sweep.info.run_name}) has no champion: no rung was accepted",
                           "run a sweep whose baseline completes, or pass --run with an accepted rung")
@@ -109,7 +110,7 @@ def _latest_champion_run(client: MlflowClient, tracking_cfg):
 
 def _latest_sweep(client: MlflowClient, tracking_cfg):
     exp = client.get_experiment_by_name(str(tracking_cfg.experiment))
-    runs = client.search_runs([exp.experiment_id], "tags.`roi.kind` = 'sweep' and attributes.status = 'FINISHED'",
+    runs = client.search_runs([exp.experiment_id], f"tags.`{Tag.KIND}` = 'sweep' and attributes.status = 'FINISHED'",
                               max_results=1, order_by=["attributes.start_time DESC"]) if exp else []
     if not runs:
         raise ConfigError(f"no finished sweep in experiment {tracking_cfg.experiment!r} at {tracking_cfg.uri}",
@@ -118,12 +119,12 @@ def _latest_sweep(client: MlflowClient, tracking_cfg):
 
 
 def _default_name(sweep) -> str:
-    return f"roi-ladder-{sweep.data.params.get('target.name') or sweep.data.tags['roi.target']}"
+    return f"roi-ladder-{sweep.data.params.get('target.name') or sweep.data.tags[Tag.TARGET]}"
 
 
 def _version_tags(run, rollback_to: str) -> dict[str, str]:
-    tags = {"rollback_to": rollback_to, "source_run": run.info.run_id, "rung": run.data.tags.get("roi.rung", ""),
-            "verdict": run.data.tags.get("roi.reason", "")[:MAX_TAG_CHARS],
+    tags = {"rollback_to": rollback_to, "source_run": run.info.run_id, "rung": run.data.tags.get(Tag.RUNG, ""),
+            "verdict": run.data.tags.get(Tag.REASON, "")[:MAX_TAG_CHARS],
             "promoted_at": _now(), "promoted_by": getpass.getuser()}
     return tags | {k: f"{v:.6g}" for k, v in key_metrics(run.data.metrics).items()}
 
@@ -377,7 +378,7 @@ def capacity_plan_text(tracking_cfg, run_id: str | None = None) -> str:
     try:
         plan = mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/capacity/plan.md")
     except MlflowException:
-        reason = run.data.tags.get("roi.capacity", "this rung was not measured (skipped or failed)")
+        reason = run.data.tags.get(Tag.CAPACITY, "this rung was not measured (skipped or failed)")
         raise ConfigError(f"run {run.info.run_id} has no capacity plan: {reason}",
                           "pick a measured rung, or lower capacity.sla_tier's demands") from None
-    return f"capacity plan of rung {run.data.tags.get('roi.rung')} (run {run.info.run_id})\n{plan}"
+    return f"capacity plan of rung {run.data.tags.get(Tag.RUNG)} (run {run.info.run_id})\n{plan}"

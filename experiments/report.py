@@ -6,6 +6,8 @@ import matplotlib
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402  (after choosing the headless backend)
 
+from experiments.names import Metric
+
 COLORS = {"accepted": "tab:green", "rejected": "tab:red", "skipped": "tab:gray", "failed": "black"}
 
 
@@ -49,7 +51,7 @@ def champion_line(outcomes, metric: str, stat: str, level: int) -> list[tuple[in
     return out
 
 
-def latency_vs_load(baseline, champion, metric: str = "e2e_ms") -> Figure:
+def latency_vs_load(baseline, champion, metric: str = Metric.E2E_MS) -> Figure:
     fig = Figure(figsize=(7, 4), layout="constrained")
     ax = fig.add_subplot()
     for outcome, style in ((baseline, "--"), (champion, "-")):
@@ -84,10 +86,10 @@ def pareto(outcomes, metric: str, stat: str, level: int) -> Figure:
     return fig
 
 
-def latency_percentiles(bench, metrics=("e2e_ms", "ttft_ms", "tpot_ms", "batch_ms")) -> Figure:
+def latency_percentiles(bench, metrics=(Metric.E2E_MS, Metric.TTFT_MS, Metric.TPOT_MS, Metric.BATCH_MS)) -> Figure:
     """One rung: P50 / P95 / P99 of each latency against concurrency, with the percentiles' CIs as bands (the
     latencies that apply: an encoder has no TTFT or TPOT, a decoder no batch latency)."""
-    metrics = [m for m in metrics if any(lv.stats.get(m) is not None for lv in bench.levels)] or ["e2e_ms"]
+    metrics = [m for m in metrics if any(lv.stats.get(m) is not None for lv in bench.levels)] or [Metric.E2E_MS]
     fig = Figure(figsize=(4 * len(metrics), 3.5), layout="constrained")
     axes = fig.subplots(1, len(metrics), squeeze=False)[0]
     xs = [lv.concurrency for lv in bench.levels]
@@ -114,8 +116,8 @@ def throughput_vs_latency(bench) -> Figure:
     """One rung: output tokens/s against P95 E2E, one point per level: where the knee of the curve is."""
     fig = Figure(figsize=(5, 4), layout="constrained")
     ax = fig.add_subplot()
-    points = [(lv.stats["e2e_ms"].p95.value, lv.output_tokens_per_s, lv.concurrency)
-              for lv in bench.levels if lv.stats.get("e2e_ms") is not None]
+    points = [(lv.stats[Metric.E2E_MS].p95.value, lv.output_tokens_per_s, lv.concurrency)
+              for lv in bench.levels if lv.stats.get(Metric.E2E_MS) is not None]
     if points:
         x, y, c = zip(*points)
         ax.plot(x, y, marker="o")

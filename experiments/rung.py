@@ -19,6 +19,7 @@ from experiments.capacity import plan
 from experiments.errors import ConfigError
 from experiments.gate import Criterion, Gate, Verdict
 from experiments.ledger import Ledger
+from experiments.names import Tag
 from experiments.outcome import RungOutcome
 from experiments.serving.servers import serve
 from experiments.workload import Workload
@@ -47,8 +48,8 @@ class Sweep:
 def climb(name, opt, champion, sweep: Sweep, book: Ledger, key: str) -> RungOutcome:
     """Skipped rungs are decided here; a rung that applies is built, measured and gated in its own child
     process (conf/isolation), so a crash, an out-of-memory or a hang fails the rung, not the sweep."""
-    tags = {"roi.rung": name, "roi.kind": "rung", "roi.cost": opt.cost,
-            "roi.champion_before": champion.run_id if champion else ""}
+    tags = {Tag.RUNG: name, Tag.KIND: "rung", Tag.COST: opt.cost,
+            Tag.CHAMPION_BEFORE: champion.run_id if champion else ""}
     with tracking.run(name, sweep.experiment_id, nested=True, tags=tags) as run:
         book.started(name, key, run.info.run_id)
         outcome = RungOutcome(name, Verdict("failed", "not run"), run_id=run.info.run_id, champion_before=champion)
@@ -63,16 +64,16 @@ def climb(name, opt, champion, sweep: Sweep, book: Ledger, key: str) -> RungOutc
                 outcome.verdict = Verdict("skipped", f"not applicable here: {reason}")
             else:
                 if opt.decision:
-                    tracking.set_tag("roi.decision", opt.decision[:5000])
+                    tracking.set_tag(Tag.DECISION, opt.decision[:5000])
                 outcome = _challenge_isolated(name, opt, champion, current, sweep, run.info.run_id, book)
         except ConfigError:
             raise
         except Exception as exc:  # a rung that breaks is a verdict, not the end of the sweep
             log.exception("rung %s failed", name)
             outcome.verdict = Verdict("failed", f"{type(exc).__name__}: {str(exc)[:400]}")
-        tracking.set_tags({"roi.verdict": outcome.verdict.status, "roi.reason": outcome.verdict.reason[:5000]})
+        tracking.set_tags({Tag.VERDICT: outcome.verdict.status, Tag.REASON: outcome.verdict.reason[:5000]})
         if outcome.verdict.status != "accepted":
-            tracking.set_tag("roi.reverted_to", champion.run_id if champion else "")
+            tracking.set_tag(Tag.REVERTED_TO, champion.run_id if champion else "")
     return outcome
 
 
@@ -87,7 +88,7 @@ def _challenge_isolated(name, opt, champion, current, sweep: Sweep, run_id: str,
         done = isolation.run(_challenge_in_child, (name, opt, alone, current, replace(sweep, ui=None), run_id),
                              limits, log_path, on_start=book.child)
         mlflow.log_metrics({"isolation/peak_rss_bytes": done.peak_rss_bytes, "isolation/seconds": done.seconds})
-        tracking.set_tag("roi.isolation", f"child process, limits {limits.describe()}, log {log_path}")
+        tracking.set_tag(Tag.ISOLATION, f"child process, limits {limits.describe()}, log {log_path}")
         if log_path.exists() and log_path.stat().st_size:
             tracking.log_text(log_path.read_text(errors="replace")[-200_000:], "logs/rung.log")
         if done.failure:
@@ -126,9 +127,9 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
             finally:
                 opt.on_progress = None
         if cand.target.model_dir != current.target.model_dir:   # the rung made a new model
-            tracking.set_tag("roi.model_dir", str(cand.target.model_dir))
+            tracking.set_tag(Tag.MODEL_DIR, str(cand.target.model_dir))
         mlflow.log_params(tracking.flatten({"recipe": cand.describe()}))
-        tracking.set_tag("roi.measurement", contender.WHAT_WAS_DONE)
+        tracking.set_tag(Tag.MEASUREMENT, contender.WHAT_WAS_DONE)
         measured = _measure(cand, sweep, name, apart)
         outcome.bench, outcome.accuracy, outcome.fidelity = measured.bench, measured.accuracy, measured.fidelity
         _log_measurements(outcome)
@@ -144,7 +145,7 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
             if opt.fidelity_gated:
                 criteria += drift
             else:
-                tracking.set_tag("roi.fidelity", "recorded, not gated for this rung: "
+                tracking.set_tag(Tag.FIDELITY, "recorded, not gated for this rung: "
                                                  + "; ".join(c.detail for c in drift))
             criteria += _soak(cand, outcome.bench, criteria, sweep, name, run_id, apart)
             outcome.verdict = Verdict.from_criteria(criteria)
@@ -166,12 +167,12 @@ def _measure(cand, sweep: Sweep, name: str, apart: contender.Apart) -> contender
     mlflow.log_metric("weight_bits", measured.weight_bits)
     if measured.build_seconds is not None:
         mlflow.log_metric("build_seconds", measured.build_seconds)
-        tracking.set_tag("roi.artefact_reused", str(measured.artefact_reused))
+        tracking.set_tag(Tag.ARTEFACT_REUSED, str(measured.artefact_reused))
     sweep.ui.levels(name, measured.bench)
     if sweep.kind.reference is None:
         sweep.kind.reference = measured.reference
     if measured.scores_reused_from:
-        tracking.set_tag("roi.scores_reused_from", measured.scores_reused_from)
+        tracking.set_tag(Tag.SCORES_REUSED_FROM, measured.scores_reused_from)
         sweep.ui.note(f"{name}: accuracy and fidelity as measured on {measured.scores_reused_from} "
                       f"(same model numerics)")
     else:
@@ -192,12 +193,12 @@ def _performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate,
     rounds = _rounds(champion.candidate, cand, sweep, name, apart, c, 1)
     consistency = gate.consistency(rounds, champion.bench, bench)
     if not consistency.passed:
-        tracking.set_tag("roi.gate.first_measurement", f"inconsistent, measured again: {consistency.detail}"[:5000])
+        tracking.set_tag(Tag.GATE_FIRST_MEASUREMENT, f"inconsistent, measured again: {consistency.detail}"[:5000])
         _log_rounds(rounds, cfg.gate.objective, "gate/first_interleaved_rounds.csv", "gate/first_round_ratio")
         rounds = _rounds(champion.candidate, cand, sweep, name, apart, c, 2)
         consistency = gate.consistency(rounds, champion.bench, bench)
     _log_rounds(rounds, cfg.gate.objective, "gate/interleaved_rounds.csv", "gate/round_ratio")
-    tracking.set_tag("roi.gate.interleaved", "each run a fresh build in a fresh process of its own"
+    tracking.set_tag(Tag.GATE_INTERLEAVED, "each run a fresh build in a fresh process of its own"
                      if rounds_cfg.get("fresh_build_per_run", False) else
                      "each side built once in a process of its own, stopped (SIGSTOP) while the other runs")
     return [gate.interleaved(rounds), consistency]
@@ -271,7 +272,7 @@ def soak_criterion(engine, bench: BenchmarkReport, criteria: list[Criterion], sw
     cfg = sweep.cfg
     why = _soak_skipped(criteria, cfg)
     if why:
-        tracking.set_tag("roi.soak", f"skipped: {why}")
+        tracking.set_tag(Tag.SOAK, f"skipped: {why}")
         return []
     obj = cfg.gate.objective
     fallback = int(max(cfg.benchmark.concurrency)) if obj.concurrency == "max" else int(obj.concurrency)
@@ -289,7 +290,7 @@ def soak_criterion(engine, bench: BenchmarkReport, criteria: list[Criterion], sw
             server.close()
     report.to_mlflow()
     crit = report.criterion()
-    tracking.set_tag("roi.soak", f"ran at c={clients} ({why}): {'clean' if crit.passed else 'NOT clean'}")
+    tracking.set_tag(Tag.SOAK, f"ran at c={clients} ({why}): {'clean' if crit.passed else 'NOT clean'}")
     return [crit]
 
 
@@ -322,11 +323,11 @@ def _capacity_plan(bench, cfg_capacity):
     try:
         result = plan(bench, cfg_capacity)
     except ValueError as exc:  # no level met the tier: say so instead of inventing a number
-        tracking.set_tag("roi.capacity", f"no plan: {exc}")
+        tracking.set_tag(Tag.CAPACITY, f"no plan: {exc}")
         return None
     mlflow.log_metrics(result.to_metrics())
     tracking.log_text(result.to_markdown(), "capacity/plan.md")
-    tracking.set_tag("roi.capacity", f"{result.replicas} replicas for {cfg_capacity.peak_qps} QPS "
+    tracking.set_tag(Tag.CAPACITY, f"{result.replicas} replicas for {cfg_capacity.peak_qps} QPS "
                                    f"({result.tier}), {result.cost_per_hour:.2f}/h")
     return result
 
@@ -334,4 +335,4 @@ def _capacity_plan(bench, cfg_capacity):
 def _log_criteria(criteria: tuple[Criterion, ...]) -> None:
     for c in criteria:
         mlflow.log_metrics({f"gate/{c.name}/{k}": v for k, v in c.numbers.items()})
-        tracking.set_tag(f"roi.gate.{c.name}", f"{'pass' if c.passed else 'FAIL'}: {c.detail}"[:5000])
+        tracking.set_tag(f"{Tag.GATE}{c.name}", f"{'pass' if c.passed else 'FAIL'}: {c.detail}"[:5000])

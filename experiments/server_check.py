@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from experiments.names import Tag
 from experiments.ui_check import free_port, stop_group, wait_healthy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -265,16 +266,16 @@ def check_runs(uri: str, experiment: str, expected_rungs: list[str], artifacts: 
         return
     result.experiment = f"{experiment} (id {exp.experiment_id}, artefacts {exp.artifact_location})"
     runs = client.search_runs([exp.experiment_id])
-    parents = [r for r in runs if r.data.tags.get("roi.kind") == "sweep"]
+    parents = [r for r in runs if r.data.tags.get(Tag.KIND) == "sweep"]
     if len(parents) != 1:
         result.problems.append(f"{len(parents)} sweep runs, expected 1")
         return
     parent = parents[0]
     result.parent = parent.info.run_id
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    result.rungs = {r.data.tags.get("roi.rung", r.info.run_name): r.data.tags.get("roi.verdict", "") for r in
+    result.rungs = {r.data.tags.get(Tag.RUNG, r.info.run_name): r.data.tags.get(Tag.VERDICT, "") for r in
                     sorted(children, key=lambda r: r.info.start_time)}
-    names = sorted(r.data.tags.get("roi.rung", "") for r in children)
+    names = sorted(r.data.tags.get(Tag.RUNG, "") for r in children)
     if names != sorted(expected_rungs):
         result.problems.append(f"child runs {names}, expected one per rung {sorted(expected_rungs)}")
     if stray := [r.info.run_id for r in runs if r not in parents and r not in children]:

@@ -8,8 +8,9 @@ from typing import Callable
 import numpy as np
 
 from experiments.errors import ConfigError
+from experiments.names import Metric
 
-METRICS = ("e2e_ms", "ttft_ms", "tpot_ms", "itl_ms", "queue_ms", "model_ms")
+METRICS = (Metric.E2E_MS, Metric.TTFT_MS, Metric.TPOT_MS, Metric.ITL_MS, Metric.QUEUE_MS, Metric.MODEL_MS)
 _SLO = re.compile(r"^\s*(p\d{1,2}(?:\.\d+)?|mean)_([a-z0-9]+_ms)\s*(<=|<)\s*(\d+(?:\.\d+)?)\s*$")
 
 
@@ -54,8 +55,8 @@ def request_meets(record, slos: list[SLO]) -> bool:
     if not record.ok:
         return False
     m = record.metrics()
-    if any(s.metric == "itl_ms" for s in slos) and len(record.token_times) > 1:
-        m["itl_ms"] = float(np.diff(record.token_times).max() * 1e3)
+    if any(s.metric == Metric.ITL_MS for s in slos) and len(record.token_times) > 1:
+        m[Metric.ITL_MS] = float(np.diff(record.token_times).max() * 1e3)
     return all(m.get(s.metric, 0.0) <= s.threshold for s in slos)
 
 

@@ -24,6 +24,7 @@ import psutil
 from scipy import stats
 
 from experiments.load import closed_loop
+from experiments.names import Tag
 from experiments.resources import ResourceSampler
 from experiments.workload import Workload
 from experiments.errors import ConfigError
@@ -232,7 +233,7 @@ class SoakReport:
         mlflow.log_text(self.to_markdown(), "soak/report.md")
         mlflow.log_figure(self.figure(), "soak/timeseries.png")
         if self.gpu_note:
-            mlflow.set_tag("roi.soak.gpu", self.gpu_note)
+            mlflow.set_tag(Tag.SOAK_GPU, self.gpu_note)
 
     def to_markdown(self) -> str:
         crit = self.criterion()

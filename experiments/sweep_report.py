@@ -10,6 +10,7 @@ import mlflow
 from omegaconf import DictConfig
 
 from experiments import isolation, tracking
+from experiments.names import Tag
 from experiments.outcome import RungOutcome
 from experiments.rung import Sweep
 from experiments.secrets import scrub_text
@@ -38,12 +39,12 @@ def diagnose_sweep(outcomes: list[RungOutcome], champion: RungOutcome | None, sw
             diagnose.log_to_run(client, o.run_id, found[o.name])
         except Exception as exc:  # noqa: BLE001  (a diagnosis that breaks is recorded, the sweep goes on)
             log.exception("diagnosing %s failed", o.name)
-            client.set_tag(o.run_id, "roi.diagnosis", scrub_text(f"failed: {type(exc).__name__}: {str(exc)[:400]}"))
+            client.set_tag(o.run_id, Tag.DIAGNOSIS, scrub_text(f"failed: {type(exc).__name__}: {str(exc)[:400]}"))
     if champion is None or champion.name not in found:
         return
     placed = diagnose.place_on_roofline(champion.candidate, cfg.target.workload, hardware)
     if placed is None:
-        tracking.set_tag("roi.diagnosis.model_layer", "not placed: the roofline model counts a decoder's layers")
+        tracking.set_tag(Tag.DIAGNOSIS_MODEL_LAYER, "not placed: the roofline model counts a decoder's layers")
     else:
         _diagnose_model_layer(placed)
     profile = _profile_champion(champion, sweep)
@@ -59,7 +60,7 @@ def _profile_champion(champion: RungOutcome, sweep: Sweep):
     decode step or the profiler fails — that costs the table, not the sweep."""
     cfg, rules = sweep.cfg, sweep.cfg.diagnosis
     if not champion.candidate.target.decodes:
-        tracking.set_tag("roi.diagnosis.framework_profile", "not applicable: the profile is of a decode step, and "
+        tracking.set_tag(Tag.DIAGNOSIS_FRAMEWORK_PROFILE, "not applicable: the profile is of a decode step, and "
                                                           "an encoder has none")
         return None
     try:
@@ -80,7 +81,7 @@ def _profile_champion(champion: RungOutcome, sweep: Sweep):
         return profile
     except Exception as exc:  # noqa: BLE001  (the diagnosis says what it could not do)
         log.exception("profiling the champion failed")
-        tracking.set_tag("roi.diagnosis.framework_profile", f"failed: {type(exc).__name__}: {str(exc)[:400]}")
+        tracking.set_tag(Tag.DIAGNOSIS_FRAMEWORK_PROFILE, f"failed: {type(exc).__name__}: {str(exc)[:400]}")
         return None
 
 
@@ -101,7 +102,7 @@ def _diagnose_model_layer(report) -> None:
     mlflow.log_metrics(report.to_metrics())
     mlflow.log_figure(roofline.plot(report), "diagnosis/roofline.png")
     tracking.log_text(report.to_markdown(), "diagnosis/roofline.md")
-    tracking.set_tag("roi.diagnosis.model_layer", report.summary()[:5000])
+    tracking.set_tag(Tag.DIAGNOSIS_MODEL_LAYER, report.summary()[:5000])
 
 
 def sweep_figures(outcomes: list[RungOutcome], champion: RungOutcome | None, cfg: DictConfig) -> dict:

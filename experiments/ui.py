@@ -8,6 +8,8 @@ import sys
 
 from mlflow.tracking import MlflowClient
 
+from experiments.names import Tag
+
 
 # MLflow 3 opens an experiment on its GenAI view unless the experiment says it is model development; the
 # per-browser GenAI/Model-training switch is overridden by this query in the page URL (measured, 3.17.2).
@@ -37,9 +39,9 @@ def ladder_view(parent_run_id: str) -> dict:
     """A runs-table view of one sweep, as the UI's Share button stores it: its rungs listed flat (grouping by
     run kind lists child runs that nesting would fold under the sweep), verdict and reason as columns."""
     return {"searchFilter": f"tags.mlflow.parentRunId = '{parent_run_id}'",
-            "selectedColumns": ["metrics.`e2e_ms_p50`", "metrics.`output_tokens_per_s`", "tags.`roi.rung`",
-                                "tags.`roi.verdict`", "tags.`roi.reason`"],
-            "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "roi.kind"}]}}
+            "selectedColumns": ["metrics.`e2e_ms_p50`", "metrics.`output_tokens_per_s`", f"tags.`{Tag.RUNG}`",
+                                f"tags.`{Tag.VERDICT}`", f"tags.`{Tag.REASON}`"],
+            "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": Tag.KIND}]}}
 
 
 def save_ladder_view(client, experiment_id: str, key: str, parent_run_id: str) -> None:
@@ -55,12 +57,12 @@ def latest_sweep_url(uri: str, experiment: str, base: str) -> str:
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return f"{base}/  (no sweep recorded yet: run `make sweep`)"
-    runs = client.search_runs([exp.experiment_id], "tags.`roi.kind` = 'sweep'", max_results=1,
+    runs = client.search_runs([exp.experiment_id], f"tags.`{Tag.KIND}` = 'sweep'", max_results=1,
                               order_by=["attributes.start_time DESC"])
     if not runs:
         return experiment_url(base, exp.experiment_id)
     sweep = runs[0]
-    return (f"{ladder_view_url(base, exp.experiment_id, 'sweep-' + sweep.data.tags.get('roi.sweep', ''))}\n"
+    return (f"{ladder_view_url(base, exp.experiment_id, 'sweep-' + sweep.data.tags.get(Tag.SWEEP, ''))}\n"
             f"  its run (description, report.html): {run_url(base, exp.experiment_id, sweep.info.run_id)}")
 
 

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
+from experiments.names import Tag
 from experiments.ui import EXPERIMENT_KIND, experiment_url, ladder_view_url, run_url
 
 REPO = Path(__file__).resolve().parent.parent
-NAME_COL, VERDICT_COL = "attributes.`Run Name`", "tags.`roi.verdict`"
+NAME_COL, VERDICT_COL = "attributes.`Run Name`", f"tags.`{Tag.VERDICT}`"
 # A wide window: ag-grid renders only the columns in view, and the verdict column comes after the metrics.
 CHROMIUM_FLAGS = ["--headless", "--window-size=1920,1600", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -92,7 +93,7 @@ def run_check(data_dir: Path, chromium: str, ladder: str = "engine-swap", cache_
         seconds["sweep"] = time.perf_counter() - t
         experiment_id, expected, parent = rung_verdicts(uri)
         # the runs view the sweep saved and printed: its rungs flat, verdict column shown
-        url = ladder_view_url(uri, experiment_id, f"sweep-{_client(uri).get_run(parent).data.tags['roi.sweep']}")
+        url = ladder_view_url(uri, experiment_id, f"sweep-{_client(uri).get_run(parent).data.tags[Tag.SWEEP]}")
         t = time.perf_counter()
         dom = dump_dom(chromium, url, data_dir / "chromium-profile", budget_ms)
         seconds["browser"] = time.perf_counter() - t
@@ -147,10 +148,10 @@ def rung_verdicts(uri: str) -> tuple[str, dict[str, str], str]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    parent = client.search_runs(_experiments(client), "tags.`roi.kind` = 'sweep'",
+    parent = client.search_runs(_experiments(client), f"tags.`{Tag.KIND}` = 'sweep'",
                                 order_by=["attributes.start_time DESC"], max_results=1)[0]
     kids = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-    return parent.info.experiment_id, {r.info.run_name: r.data.tags.get("roi.verdict", "") for r in kids}, \
+    return parent.info.experiment_id, {r.info.run_name: r.data.tags.get(Tag.VERDICT, "") for r in kids}, \
         parent.info.run_id
 
 
@@ -165,7 +166,7 @@ def review_pages(uri: str, experiment_id: str, parent: str, rungs: set[str], chr
     in a sandboxed frame that a DOM dump does not enter)."""
     client = _client(uri)
     run = client.get_run(parent)
-    champion = run.data.tags.get("roi.champion_rung", "")
+    champion = run.data.tags.get(Tag.CHAMPION_RUNG, "")
     shots = data_dir / "screenshots"
     pages = []
     for name, url, texts in (

@@ -1,7 +1,8 @@
 """The tiny common interface every rung implements, and the recipe it edits.
 
 A Candidate is a recipe (engine, precision, quantization, ...) that an engine builds; an Optimizer edits the
-recipe and says, through `check`, when the current engine or hardware cannot do what it asks.
+recipe and says, through `check`, when it does not apply: its own ordering rules and the machine, then the
+engine's answer about the candidate it would produce (experiments.serving.refusal: each engine owns its limits).
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from optimizers.base import Candidate, Env, Optimizer
 
 KINDS = ("static", "dynamic", "continuous")
 SCHEDULERS = ("transformers", "own")    # continuous batching over the torch model
+FIXED_SHAPES = "a compiled or graph-captured champion has fixed shapes; batching comes before compilation here"
 
 
 class Batching(Optimizer):
@@ -40,21 +41,23 @@ class Batching(Optimizer):
         self.scheduler = scheduler or "transformers"
 
     def check(self, env: Env, cand: Candidate) -> str | None:
+        from experiments.serving import refusal
+
         recipe = cand.recipe
         if recipe.batching in KINDS and KINDS.index(self.kind) <= KINDS.index(recipe.batching):
             return f"the champion already uses {recipe.batching} batching"
-        if self.kind == "continuous" and not cand.target.decodes:
-            return ("continuous batching schedules decode steps; an encoder runs one forward pass per request "
-                    "(its batching is static or dynamic)")
-        if self.kind != "continuous" and recipe.engine != "onnxruntime" and cand.target.decodes:
-            return f"static and dynamic batching drive onnxruntime-genai's Engine; the champion runs {recipe.engine}"
+        compiled = recipe.cuda_graph or recipe.compile != "none"
+        if compiled and self.kind == "continuous":
+            return FIXED_SHAPES
+        if reason := refusal(self.apply(cand)):
+            return reason
         if self.kind == "continuous" and self._paged_ort(cand) and not env.cuda:
             return "onnxruntime-genai's PagedAttention needs a CUDA device; none is present"
         if self.kind == "continuous" and not self._paged_ort(cand) and not self.kv_num_blocks \
                 and self.scheduler == "transformers":
             return "kv_num_blocks: 0 (size from GPU memory) applies to CUDA only; set a block count for torch"
-        if recipe.cuda_graph or recipe.compile != "none":
-            return "a compiled or graph-captured champion has fixed shapes; batching comes before compilation here"
+        if compiled:
+            return FIXED_SHAPES
         return None
 
     @staticmethod

@@ -11,20 +11,14 @@ class CudaGraph(Optimizer):
         return None if env.cuda else "CUDA Graph replays GPU kernel launches: no CUDA device is present"
 
     def check(self, env: Env, cand: Candidate) -> str | None:
+        from experiments.serving import refusal
+
         if reason := self.machine_check(env):
             return reason
-        if not cand.target.decodes:
-            return "graph capture here is of the decode step over a static KV cache; an encoder has neither"
-        if cand.recipe.engine != "torch":
-            return (f"the champion runs {cand.recipe.engine}; graph capture here is of the torch model's decode step "
-                    f"over a static cache")
-        if cand.recipe.batching != "none":
-            return f"the champion batches ({cand.recipe.batching}); a captured graph has one fixed batch shape"
         if cand.recipe.cuda_graph:
             return "the champion already replays a CUDA graph"
-        if cand.recipe.compile != "none":
-            return (f"the champion is compiled ({cand.recipe.compile}); the graph is captured from the eager model, "
-                    f"so this rung would undo the compilation rather than add to it")
+        if reason := refusal(self.apply(cand)):
+            return reason
         if cand.recipe.execution_provider != "cuda":
             return ("the champion runs on the CPU (target.device); capturing graphs would move it to the GPU too, "
                     "and the gain would be the move's: set target.device=cuda to climb on the GPU")

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from experiments.names import Metric
 from optimizers.base import Candidate, Env, Optimizer
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class Evidence:
         layer = resource_layer(bench.levels, resource_rules or default_rules().resource)
         away = tuple(f.brief() for f in layer.fired if f.rule in POINTS_AWAY_FROM_MODEL)
         top = bench.levels[-1]
-        model, e2e = top.stats.get("model_ms"), top.stats.get("e2e_ms")
+        model, e2e = top.stats.get(Metric.MODEL_MS), top.stats.get(Metric.E2E_MS)
         if model is None or e2e is None:
             raise ValueError(f"the champion's benchmark has no model time at c={top.concurrency} "
                              "(an external endpoint reports none): the bottleneck cannot be located")

@@ -18,22 +18,17 @@ class HalfPrecision(Optimizer):
         return self.cuda_dtype if cand.recipe.execution_provider == "cuda" else self.cpu_dtype
 
     def check(self, env: Env, cand: Candidate) -> str | None:
+        from experiments.serving import refusal
+
         dtype, recipe = self.dtype(cand), cand.recipe
         if recipe.precision in HALF:
             return f"the champion already runs {recipe.precision}"
         if recipe.quantization != "none":
             return f"the champion's weights are {recipe.quantization}; half precision comes before quantization"
-        if recipe.engine == "onnxruntime" and not cand.target.decodes:
-            return "the ONNX Runtime encoder engine runs its fp32 export only; bf16 runs in the torch engine"
-        if recipe.engine == "openvino":
-            return ("the OpenVINO engines here compute in f32 (its precision hint, for parity with torch); their "
-                    "weights shrink at the quantization rungs (NNCF)")
-        if recipe.engine == "onnxruntime" and recipe.execution_provider == "cpu" and dtype == "bf16":
-            return ("ONNX Runtime's CPU kernels cannot run the bf16 export (no bf16 Where kernel); set "
-                    "cpu_dtype: fp16 to try ONNX Runtime fp16, or run bf16 in the torch engine")
         if recipe.engine == "torch" and recipe.execution_provider == "cpu" and dtype == "fp16":
+            # torch builds it, but its few fp16 CPU kernels make it a poor candidate
             return "torch has few fp16 CPU kernels; use cpu_dtype: bf16"
-        return None
+        return refusal(self.apply(cand))
 
     def apply(self, cand: Candidate) -> Candidate:
         return cand.edited(self.name, precision=self.dtype(cand))

@@ -20,22 +20,16 @@ class OnnxRuntimeSwap(Optimizer):
         return None
 
     def check(self, env: Env, cand: Candidate) -> str | None:
-        from experiments.serving import ENGINES
+        from experiments.serving import refusal
 
-        if (cand.target.kind, "onnxruntime") not in ENGINES:
-            return f"no ONNX Runtime engine for a {cand.target.kind} target"
         if reason := self.machine_check(env):
             return reason
         if cand.recipe.engine == "onnxruntime":
             return "the champion already runs in ONNX Runtime"
-        if cand.target.decodes and cand.recipe.execution_provider == "cuda" and cand.recipe.cuda_device != 0:
-            return (f"onnxruntime-genai places the model on the first CUDA device it sees, not cuda:"
-                    f"{cand.recipe.cuda_device}: run with CUDA_VISIBLE_DEVICES={cand.recipe.cuda_device} and "
-                    f"target.device=cuda")
         if self.execution_provider not in ("champion", cand.recipe.execution_provider):
             return (f"this rung is set for execution_provider={self.execution_provider}; the champion runs on "
                     f"{cand.recipe.execution_provider} (target.device), and an engine swap does not move the model")
-        return None
+        return refusal(self.apply(cand))
 
     def apply(self, cand: Candidate) -> Candidate:
         # torch-only settings do not carry over to the exported graph; the device stays the champion's.

@@ -16,28 +16,17 @@ class OpenVinoSwap(Optimizer):
         return None
 
     def check(self, env: Env, cand: Candidate) -> str | None:
-        from experiments.serving import ENGINES
+        from experiments.serving import refusal
 
         recipe = cand.recipe
-        if (cand.target.kind, "openvino") not in ENGINES:
-            kinds = ", ".join(sorted(kind for kind, engine in ENGINES if engine == "openvino"))
-            return f"OpenVINO here runs {kinds} targets, not {cand.target.kind}"
         if reason := self.machine_check(env):
             return reason
         if recipe.engine == "openvino":
             return "the champion already runs in OpenVINO"
-        if recipe.execution_provider != "cpu":
-            return (f"the OpenVINO engines here run on its CPU plugin; the champion runs on "
-                    f"{recipe.execution_provider} (target.device), and an engine swap does not move the model")
-        if recipe.precision != "fp32" or recipe.quantization not in ("none", "int8", "int4"):
-            return (f"the OpenVINO engines here run fp32 activations with none/int8/int4 weights; the champion runs "
-                    f"{recipe.precision}/{recipe.quantization}")
-        if cand.target.decodes and recipe.batching in ("static", "dynamic"):
-            return "static and dynamic batching of a causal LM drive onnxruntime-genai's Engine; OpenVINO has none here"
-        if recipe.batching == "continuous" or recipe.compile != "none" or recipe.cuda_graph:
-            return ("the champion batches continuously or is compiled (a torch-only path); "
-                    "OpenVINO serves one request or a padded batch per forward pass")
-        return None
+        if recipe.compile != "none" or recipe.cuda_graph:
+            # the swap would drop the compilation the ladder already accepted
+            return "the champion is compiled or replays a CUDA graph (a torch-only path); the swap would drop it"
+        return refusal(self.apply(cand))
 
     def apply(self, cand: Candidate) -> Candidate:
         # torch-only settings do not carry over to the converted graph; `check` let only a CPU champion through.

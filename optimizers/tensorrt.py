@@ -22,16 +22,16 @@ class TensorRT(Optimizer):
         return None
 
     def check(self, env: Env, cand: Candidate) -> str | None:
+        from experiments.serving import refusal
+
         if reason := self.machine_check(env):
             return reason
-        if not cand.target.decodes:
-            return "the TensorRT path compiles the decoder's torch graph; it is not built for encoders"
         if cand.recipe.compile == "tensorrt":
             return "the champion already runs TensorRT"
         if cand.recipe.execution_provider != "cuda":
             return ("the champion runs on the CPU (target.device); TensorRT would move it to the GPU too, and the "
                     "gain would be the move's: set target.device=cuda to climb on the GPU")
-        return None
+        return refusal(self.apply(cand))
 
     def apply(self, cand: Candidate) -> Candidate:
         return cand.edited(self.name, engine="torch", compile="tensorrt", batching="none", max_batch=1)

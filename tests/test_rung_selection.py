@@ -93,3 +93,18 @@ def test_batching_order_and_engine():
     assert "onnxruntime-genai's Engine" in static.check(CPU, BASE)
     assert dynamic.check(CPU, ORT) is None
     assert "already uses dynamic" in static.check(CPU, dynamic.apply(ORT))
+
+
+def test_a_rung_asks_the_engine_of_the_candidate_it_would_produce():
+    from experiments.serving import engine_class, refusal
+    from experiments.serving.openvino_llm import OpenVinoCausalLM
+    from experiments.serving.torch_engine import TorchEngine
+
+    bf16 = BASE.edited("half_precision", precision="bf16")
+    int8 = WeightQuantization("int8").apply(bf16)
+    assert engine_class(int8) is TorchEngine and "fp32 champion" in TorchEngine.refuses(int8)
+    assert WeightQuantization("int8").check(CPU, bf16) == refusal(int8)        # the engine's words, not a copy
+    openvino_bf16 = BASE.edited("openvino", engine="openvino", precision="bf16")
+    assert engine_class(openvino_bf16) is OpenVinoCausalLM and "fp32" in refusal(openvino_bf16)
+    assert "no 'tvm' engine for a causal-lm target" in refusal(BASE.edited("tvm", engine="tvm"))
+    assert refusal(BASE) is None and refusal(ORT) is None

@@ -22,6 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from experiments.names import Metric
 from optimizers.base import Env
 
 RUNGS = ("eager", "bf16", "fp16", "cuda graph", "tensorrt", "int8 (torchao)", "int4 (torchao)", "fp8 (torchao)",
@@ -81,7 +82,8 @@ def run_one(name: str, work: Path) -> dict:
     first, last = bench.levels[0], bench.levels[-1]
     engine.close()
     return {"status": "ran", "recipe": f"{cand.recipe.precision}, {cand.recipe.execution_provider}",
-            "ttft_ms": first.stats["ttft_ms"].p50.value, "tpot_ms": first.stats["tpot_ms"].p50.value,
+            Metric.TTFT_MS: first.stats[Metric.TTFT_MS].p50.value,
+            Metric.TPOT_MS: first.stats[Metric.TPOT_MS].p50.value,
             "tokens_per_s": last.output_tokens_per_s, "build_s": getattr(engine, "build_seconds", 0.0),
             "kl": fid.kl_mean if fid else None, "top1": fid.top1_agreement if fid else None,
             "gpu_mem_mb": last.gpu_mem_mb_max,
@@ -114,8 +116,8 @@ def print_table(console: Console, rows: dict, title: str) -> None:
         table.add_column(col, overflow="fold")
     fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
     for name, r in rows.items():
-        table.add_row(name, r["status"], r.get("recipe", ""), fmt(r.get("ttft_ms"), ".2f"),
-                      fmt(r.get("tpot_ms"), ".3f"), fmt(r.get("tokens_per_s"), ".0f"), fmt(r.get("kl"), ".1e"),
+        table.add_row(name, r["status"], r.get("recipe", ""), fmt(r.get(Metric.TTFT_MS), ".2f"),
+                      fmt(r.get(Metric.TPOT_MS), ".3f"), fmt(r.get("tokens_per_s"), ".0f"), fmt(r.get("kl"), ".1e"),
                       fmt(r.get("top1"), ".3f"), r.get("reason", ""))
     console.print(table)
 

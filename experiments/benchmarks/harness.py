@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.benchmark import run_benchmark
+from experiments.names import Metric
 from experiments.serving.request import Prompt
 from experiments.workload import Workload
 from experiments.console import quiet_libraries
@@ -56,7 +57,7 @@ def instrumentation_overhead(engine: Engine, workload: Workload, rounds: int = 5
                 pass
             direct.append((time.perf_counter() - t) * 1e3)
         level = run_benchmark(engine, Workload(prompts, ()), cfg).levels[0]
-        harnessed.extend(level.values("e2e_ms")[: len(prompts)])
+        harnessed.extend(level.values(Metric.E2E_MS)[: len(prompts)])
     d, h = statistics.fmean(direct), statistics.fmean(harnessed)
     return d, h, h / d - 1
 
@@ -92,7 +93,7 @@ def batching_comparison(base_candidate, ort_candidate, workload: Workload, threa
             continue
         cand = rung.apply(start) if rung else start
         level = run_benchmark(build_engine(cand, threads, artefacts), workload, cfg).levels[0]
-        rows[label] = (level.output_tokens_per_s, level.stats["e2e_ms"].p99 or level.stats["e2e_ms"].p95)
+        rows[label] = (level.output_tokens_per_s, level.stats[Metric.E2E_MS].p99 or level.stats[Metric.E2E_MS].p95)
     return rows
 
 
@@ -106,7 +107,7 @@ def prefix_caching_gain(ort_candidate, workload: Workload, threads: int, artefac
     ttft = {}
     for label, cand in (("without", paged), ("with", PrefixCaching().apply(paged))):
         level = run_benchmark(build_engine(cand, threads, artefacts), workload, _level_cfg(concurrency)).levels[0]
-        ttft[label] = level.stats["ttft_ms"].p50.value
+        ttft[label] = level.stats[Metric.TTFT_MS].p50.value
     return ttft
 
 

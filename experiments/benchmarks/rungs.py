@@ -8,6 +8,7 @@ from rich.table import Table
 from experiments.benchmark import run_benchmark
 from experiments.benchmarks.common import default_setup
 from experiments.console import quiet_libraries
+from experiments.names import Metric
 from experiments.serving import build_engine
 
 
@@ -21,7 +22,7 @@ def main() -> None:
     for name, cand in cands.items():
         engine = build_engine(cand, threads, artefacts)
         lv = run_benchmark(engine, workload, cfg).levels[0]
-        rows[name] = {"ttft": lv.stats["ttft_ms"].p50.value, "tpot": lv.stats["tpot_ms"].p50.value,
+        rows[name] = {"ttft": lv.stats[Metric.TTFT_MS].p50.value, "tpot": lv.stats[Metric.TPOT_MS].p50.value,
                       "tps": lv.output_tokens_per_s, "bytes": engine.artefact_bytes(), "bits": engine.weight_bits(),
                       "build": getattr(engine, "build_seconds", 0.0)}
         engine.close()

@@ -22,19 +22,32 @@ NEEDS_ARTEFACTS = {"onnxruntime", "openvino"}
 CUDA_GRAPH_ENGINE = "experiments.serving.cuda_graph_engine:CudaGraphEngine"
 
 
-def build_engine(cand: Candidate, threads: int, artefact_root: Path) -> Engine:
-    """The engine for the candidate's recipe; a recipe engine spelled "module:Class" names a class of one's own
-    (constructed like the built-in torch engine: cand, threads)."""
+def engine_class(cand: Candidate) -> type[Engine]:
+    """The class that builds the candidate's recipe; a recipe engine spelled "module:Class" names a class of one's
+    own (constructed like the built-in torch engine: cand, threads). ValueError when there is none."""
     if ":" in cand.recipe.engine:
         module, cls = cand.recipe.engine.split(":")
-        return getattr(import_module(module), cls)(cand, threads)
+        return getattr(import_module(module), cls)
     key = (cand.target.kind, cand.recipe.engine)
     if key not in ENGINES:
         known = ", ".join(e for k, e in ENGINES if k == cand.target.kind)
         raise ValueError(f"no {cand.recipe.engine!r} engine for a {cand.target.kind} target; known: {known}")
     graphed = cand.recipe.cuda_graph and key == ("causal-lm", "torch")
     module, cls = (CUDA_GRAPH_ENGINE if graphed else ENGINES[key]).split(":")
-    engine_class = getattr(import_module(module), cls)
+    return getattr(import_module(module), cls)
+
+
+def refusal(cand: Candidate) -> str | None:
+    """Why no engine here builds the candidate's recipe, or None: the engine's own answer (Engine.refuses)."""
+    try:
+        return engine_class(cand).refuses(cand)
+    except ValueError as no_engine:
+        return str(no_engine)
+
+
+def build_engine(cand: Candidate, threads: int, artefact_root: Path) -> Engine:
+    """The engine for the candidate's recipe; its constructor refuses a recipe it cannot build."""
+    cls = engine_class(cand)
     if cand.recipe.engine in NEEDS_ARTEFACTS:
-        return engine_class(cand, threads, artefact_root)
-    return engine_class(cand, threads)
+        return cls(cand, threads, artefact_root)
+    return cls(cand, threads)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import torch
 
 from experiments.serving.torch_engine import TorchEngine
+from optimizers.base import Candidate
 
 WARMUP_STEPS = 3   # eager steps on the side stream before capture: cuBLAS handles and workspaces come into being
 
@@ -37,6 +38,18 @@ def capture(step):
 
 class CudaGraphEngine(TorchEngine):
     name = "torch"
+
+    @classmethod
+    def refuses(cls, cand: Candidate) -> str | None:
+        recipe = cand.recipe
+        if reason := super().refuses(cand):
+            return reason
+        if recipe.batching != "none":
+            return f"the champion batches ({recipe.batching}); a captured graph has one fixed batch shape"
+        if recipe.compile != "none":
+            return (f"the champion is compiled ({recipe.compile}); the graph is captured from the eager model, "
+                    f"so this rung would undo the compilation rather than add to it")
+        return None
 
     def _capture_decode(self) -> None:
         from transformers import StaticCache

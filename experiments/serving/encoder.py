@@ -15,15 +15,27 @@ import numpy as np
 import torch
 
 from experiments.artefacts import cached, weights_digest
-from experiments.serving.engine import Engine
+from experiments.serving.engine import Engine, torch_only
 from experiments.serving.gpu_guards import ort_providers, require_provider
-from optimizers.base import Candidate
+from experiments.serving.torch_quantize import torch_refusal
+from optimizers.base import Candidate, Recipe
 from optimizers.placement import device_name
-from optimizers.quantization import torch_refusal
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Part of every encoder export's cache key: bump it when MeanPooled or the export settings change.
 EXPORT_VERSION = 1
+
+
+def encoder_refusal(recipe: Recipe) -> str | None:
+    """What no encoder engine does: it has no decode steps and keeps no KV cache."""
+    if recipe.batching == "continuous":
+        return ("continuous batching schedules decode steps; an encoder runs one forward pass per request "
+                "(its batching is static or dynamic)")
+    if recipe.prefix_caching:
+        return "prefix caching reuses KV-cache blocks of a decoder; an encoder keeps no KV cache"
+    if recipe.cuda_graph:
+        return "graph capture here is of the decode step over a static KV cache; an encoder has neither"
+    return None
 
 
 class EncoderEngine(Engine):
@@ -88,10 +100,24 @@ def load_pooled(model_dir: Path, dtype: torch.dtype = torch.float32) -> MeanPool
 class TorchEncoder(EncoderEngine):
     name = "torch"
 
-    def __init__(self, cand: Candidate, threads: int):
-        recipe = self.recipe = cand.recipe
+    @classmethod
+    def refuses(cls, cand: Candidate) -> str | None:
+        recipe = cand.recipe
+        if reason := encoder_refusal(recipe):
+            return reason
         if recipe.precision not in DTYPES:
-            raise ValueError(f"torch encoder has no precision {recipe.precision!r}; known: {', '.join(DTYPES)}")
+            return f"torch encoder has no precision {recipe.precision!r}; known: {', '.join(DTYPES)}"
+        if recipe.compile == "tensorrt":
+            return "the TensorRT path compiles the decoder's torch graph; it is not built for encoders"
+        if recipe.compile not in ("none", "inductor"):
+            return f"torch encoder has no compile mode {recipe.compile!r}"
+        if recipe.quantization != "none" and recipe.execution_provider == "cuda":
+            return "the torch encoder quantizes on CPU only (dynamic int8); torchao's CUDA path is built for decoders"
+        return torch_refusal(recipe.quantization, recipe.precision, recipe.execution_provider)
+
+    def __init__(self, cand: Candidate, threads: int):
+        self.require_buildable(cand)
+        recipe = self.recipe = cand.recipe
         started = time.perf_counter()
         torch.set_num_threads(threads)
         self.device = torch.device(device_name(recipe))
@@ -99,23 +125,17 @@ class TorchEncoder(EncoderEngine):
             torch.cuda.set_device(self.device)   # allocations without a device, and the NVML sampler, follow it
         self.model_dir = cand.target.model_dir
         self.model = load_pooled(self.model_dir, DTYPES[recipe.precision]).to(self.device)
-        if reason := torch_refusal(recipe.quantization, recipe.precision, self.device.type):
-            raise ValueError(reason)
-        if recipe.quantization == "int8" and self.device.type == "cpu":
+        if recipe.quantization == "int8":   # on CPU: refuses() leaves no other scheme or device
             # the encoder's Linear layers, a scale per output channel (per tensor loses ~4 points of cosine
             # on MiniLM); the word embedding stays a float lookup
             self.model.encoder.encoder = torch.ao.quantization.quantize_dynamic(
                 self.model.encoder.encoder, {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig},
                 dtype=torch.qint8)
-        elif recipe.quantization != "none":
-            raise ValueError(f"torch encoder has no {recipe.quantization!r} path on {self.device.type}")
         self._forward = self.model
         if recipe.compile == "inductor":
             self._forward = torch.compile(self.model, dynamic=True)
             for width in (8, 64):   # compile now, not during the measured load
                 self.embed([list(range(1, width + 1))] * 2)
-        elif recipe.compile != "none":
-            raise ValueError(f"torch encoder has no compile mode {recipe.compile!r}")
         self.build_seconds = time.perf_counter() - started
         self.reused = False
 
@@ -140,13 +160,9 @@ def export_onnx(cand: Candidate, artefact_root: Path) -> tuple[Path, bool]:
     ~3 points of cosine on MiniLM — activations quantized per batch: MatMulInteger);
     int4: MatMulNBits, 4-bit weights in blocks of 32 with a scale each."""
     import onnxruntime
-
-    recipe = cand.recipe
-    if recipe.quantization not in ("none", "int8", "int4") or recipe.precision != "fp32":
-        raise ValueError(f"the onnxruntime encoder runs fp32 with none/int8/int4 weights, not "
-                         f"{recipe.precision}/{recipe.quantization}")
     import transformers
 
+    recipe = cand.recipe
     recipe_key = {"weights": weights_digest(cand.target.model_dir), "quantization": recipe.quantization,
                   "ort": onnxruntime.__version__, "torch": torch.__version__,
                   "transformers": transformers.__version__, "export": EXPORT_VERSION}
@@ -183,9 +199,21 @@ def _export(cand: Candidate, tmp: Path) -> None:
 class OrtEncoder(EncoderEngine):
     name = "onnxruntime"
 
+    @classmethod
+    def refuses(cls, cand: Candidate) -> str | None:
+        recipe = cand.recipe
+        if reason := encoder_refusal(recipe) or torch_only(recipe):
+            return reason
+        if recipe.precision != "fp32":
+            return "the ONNX Runtime encoder engine runs its fp32 export only; bf16 runs in the torch engine"
+        if recipe.quantization not in ("none", "int8", "int4"):
+            return f"the onnxruntime encoder runs fp32 with none/int8/int4 weights, not fp32/{recipe.quantization}"
+        return None
+
     def __init__(self, cand: Candidate, threads: int, artefact_root: Path):
         import onnxruntime as ort
 
+        self.require_buildable(cand)
         self.recipe = cand.recipe
         started = time.perf_counter()
         self.path, self.reused = export_onnx(cand, artefact_root)

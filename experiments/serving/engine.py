@@ -5,10 +5,28 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
 
+from optimizers.base import Candidate, Recipe
+
 
 class Engine(ABC):
     name: str
     decodes = True    # token by token; an encoder answers a request with one forward pass
+
+    @classmethod
+    def refuses(cls, cand: Candidate) -> str | None:
+        """Why this engine cannot build the candidate's recipe, or None. The constructor raises it; a rung asks it
+        (experiments.serving.refusal) about the candidate it would produce. An engine that says nothing else runs
+        the model's weights as given, without torch's compilation."""
+        if reason := torch_only(cand.recipe):
+            return reason
+        if cand.recipe.quantization != "none":
+            return f"no weight quantization path for engine {cand.recipe.engine!r}"
+        return None
+
+    @classmethod
+    def require_buildable(cls, cand: Candidate) -> None:
+        if reason := cls.refuses(cand):
+            raise ValueError(reason)
 
     @abstractmethod
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Iterator[tuple[int, float]]:
@@ -39,3 +57,28 @@ class Engine(ABC):
 
     def close(self) -> None:
         pass
+
+
+def torch_only(recipe: Recipe) -> str | None:
+    """Why an engine other than torch's cannot take the recipe: compilation and graph capture are torch's."""
+    if recipe.cuda_graph:
+        return (f"the champion runs {recipe.engine}; graph capture here is of the torch model's decode step over a "
+                f"static cache")
+    if recipe.compile != "none":
+        return f"torch.compile compiles the torch engine; the champion runs {recipe.engine}"
+    return None
+
+
+def genai_batching(recipe: Recipe) -> str | None:
+    """Static and dynamic batching of a causal LM are onnxruntime-genai's Engine (servers.serve)."""
+    if recipe.batching in ("static", "dynamic"):
+        return f"static and dynamic batching drive onnxruntime-genai's Engine; the champion runs {recipe.engine}"
+    return None
+
+
+def unpaged_prefix(recipe: Recipe) -> str | None:
+    """Prefix caching shares blocks of a paged KV cache, which only continuous batching keeps."""
+    if recipe.prefix_caching and recipe.batching != "continuous":
+        return (f"prefix caching shares blocks of a paged KV cache, which comes with continuous batching; "
+                f"the champion's batching is {recipe.batching}")
+    return None

@@ -14,11 +14,29 @@ from pathlib import Path
 import numpy as np
 
 from experiments.artefacts import cached, weights_digest
-from experiments.serving.encoder import EXPORT_VERSION, EncoderEngine, export_onnx
-from optimizers.base import Candidate
+from experiments.serving.encoder import EXPORT_VERSION, EncoderEngine, encoder_refusal, export_onnx
+from experiments.serving.engine import torch_only
+from optimizers.base import Candidate, Recipe
 
 # ops between a compressed weight constant and its MatMul (NNCF's decompression subgraph)
 DECOMPRESSION_OPS = {"Convert", "Subtract", "Multiply", "Reshape", "Transpose"}
+
+
+def openvino_refusal(recipe: Recipe) -> str | None:
+    """What neither OpenVINO engine here runs: they compile for the CPU plugin, in f32 (its precision hint, for
+    parity with torch), weights compressed by NNCF."""
+    if reason := torch_only(recipe):
+        return reason
+    if recipe.execution_provider != "cpu":
+        return (f"the OpenVINO engines here run on its CPU plugin; the champion runs on "
+                f"{recipe.execution_provider} (target.device), and an engine swap does not move the model")
+    if recipe.precision != "fp32" or recipe.quantization not in ("none", "int8", "int4"):
+        return (f"the OpenVINO engines here run fp32 activations with none/int8/int4 weights (NNCF), not "
+                f"{recipe.precision}/{recipe.quantization}")
+    if recipe.batching == "continuous":
+        return ("continuous batching is a torch path here (or onnxruntime-genai's on CUDA); OpenVINO serves one "
+                "request or a padded batch per forward pass")
+    return None
 
 
 def compression_args(quantization: str) -> dict | None:
@@ -38,9 +56,6 @@ def cached_ir(cand: Candidate, artefact_root: Path, kind: str, convert, **key) -
     import transformers
 
     recipe = cand.recipe
-    if recipe.precision != "fp32" or recipe.quantization not in ("none", "int8", "int4"):
-        raise ValueError(f"the openvino {kind} runs fp32 activations with none/int8/int4 weights (NNCF), not "
-                         f"{recipe.precision}/{recipe.quantization}")
     recipe_key = {"weights": weights_digest(cand.target.model_dir), "quantization": recipe.quantization,
                   "openvino": ov.__version__, "nncf": nncf.__version__, "torch": torch.__version__,
                   "transformers": transformers.__version__, **key}
@@ -114,7 +129,12 @@ class CompiledIR:
 class OpenVinoEncoder(EncoderEngine):
     name = "openvino"
 
+    @classmethod
+    def refuses(cls, cand: Candidate) -> str | None:
+        return encoder_refusal(cand.recipe) or openvino_refusal(cand.recipe)
+
     def __init__(self, cand: Candidate, threads: int, artefact_root: Path):
+        self.require_buildable(cand)
         self.recipe = cand.recipe
         started = time.perf_counter()
         self.path, self.reused = export_ir(cand, artefact_root)

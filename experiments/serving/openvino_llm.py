@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from experiments.accuracy import OnnxSessionLM
-from experiments.serving.engine import Engine
-from experiments.serving.openvino_encoder import CompiledIR, cached_ir, compression_args, ir_weight_bits
+from experiments.serving.engine import Engine, unpaged_prefix
+from experiments.serving.openvino_encoder import (CompiledIR, cached_ir, compression_args, ir_weight_bits,
+                                                  openvino_refusal)
 from optimizers.base import Candidate
 
 
@@ -98,9 +99,19 @@ class KvStep(torch.nn.Module):
 class OpenVinoCausalLM(Engine):
     name = "openvino"
 
+    @classmethod
+    def refuses(cls, cand: Candidate) -> str | None:
+        if reason := openvino_refusal(cand.recipe) or unpaged_prefix(cand.recipe):
+            return reason
+        if cand.recipe.batching in ("static", "dynamic"):
+            return ("static and dynamic batching of a causal LM drive onnxruntime-genai's Engine; OpenVINO has none "
+                    "here")
+        return None
+
     def __init__(self, cand: Candidate, threads: int, artefact_root: Path):
         from transformers import AutoConfig, AutoTokenizer
 
+        self.require_buildable(cand)
         self.recipe = cand.recipe
         started = time.perf_counter()
         self.path, self.reused = export_ir(cand, artefact_root)

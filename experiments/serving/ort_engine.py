@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.artefacts import cached
-from experiments.serving.engine import Engine
+from experiments.serving.engine import Engine, torch_only, unpaged_prefix
 from experiments.serving.gpu_guards import ort_providers, require_genai_device
 from optimizers.base import Candidate
 
@@ -21,8 +21,6 @@ QUANTIZED_PRECISION = {"int8": "int8", "int4": "int4"}
 
 def builder_options(recipe) -> tuple[str, list[str]]:
     """The builder's precision flag and extra options for a recipe."""
-    if recipe.quantization not in ("none", *QUANTIZED_PRECISION):
-        raise ValueError(f"onnxruntime engine has no {recipe.quantization!r} path")
     precision = QUANTIZED_PRECISION.get(recipe.quantization, recipe.precision)
     extra = []
     if recipe.batching == "continuous":
@@ -60,10 +58,31 @@ def _build(cand: Candidate, precision: str, extra: list[str], tmp: Path, timeout
 class OrtGenaiEngine(Engine):
     name = "onnxruntime"
 
+    @classmethod
+    def refuses(cls, cand: Candidate) -> str | None:
+        recipe = cand.recipe
+        if reason := torch_only(recipe) or unpaged_prefix(recipe):
+            return reason
+        if recipe.quantization == "fp8":
+            return "onnxruntime-genai has no FP8 weight path"
+        if recipe.quantization not in ("none", *QUANTIZED_PRECISION):
+            return f"onnxruntime engine has no {recipe.quantization!r} path"
+        if recipe.quantization == "none" and recipe.precision == "bf16" and recipe.execution_provider == "cpu":
+            return ("ONNX Runtime's CPU kernels cannot run the bf16 export (no bf16 Where kernel); set "
+                    "cpu_dtype: fp16 to try ONNX Runtime fp16, or run bf16 in the torch engine")
+        if recipe.prefix_caching:
+            return f"onnxruntime-genai's paged engine ({recipe.engine}) has no prefix sharing"
+        if recipe.execution_provider == "cuda" and recipe.cuda_device != 0:
+            return (f"onnxruntime-genai places the model on the first CUDA device it sees, not cuda:"
+                    f"{recipe.cuda_device}: run with CUDA_VISIBLE_DEVICES={recipe.cuda_device} and "
+                    f"target.device=cuda")
+        return None
+
     def __init__(self, cand: Candidate, threads: int, artefact_root: Path):
         import onnxruntime_genai as og
         from transformers import AutoTokenizer
 
+        self.require_buildable(cand)
         started = time.perf_counter()
         self.folder, self.reused = export(cand, artefact_root)
         self.build_seconds = time.perf_counter() - started

@@ -5,6 +5,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from experiments.names import Metric
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -56,11 +58,12 @@ class RequestRecord:
 
     def metrics(self) -> dict[str, float]:
         t = self.token_times
-        m = {"e2e_ms": (t[-1] - self.arrival) * 1e3, "ttft_ms": (t[0] - self.arrival) * 1e3,
+        m = {Metric.E2E_MS: (t[-1] - self.arrival) * 1e3, Metric.TTFT_MS: (t[0] - self.arrival) * 1e3,
              "output_tokens": len(t), "input_tokens": len(self.prompt.token_ids),
-             "send_lag_ms": (self.sent - self.arrival) * 1e3}
+             Metric.SEND_LAG_MS: (self.sent - self.arrival) * 1e3}
         if self.engine_start is not None:   # unknown behind an external endpoint: absent, not faked
-            m.update(queue_ms=(self.engine_start - self.arrival) * 1e3, model_ms=self.model_s * 1e3)
+            m.update({Metric.QUEUE_MS: (self.engine_start - self.arrival) * 1e3,
+                      Metric.MODEL_MS: self.model_s * 1e3})
         if len(t) > 1:
-            m["tpot_ms"] = (t[-1] - t[0]) * 1e3 / (len(t) - 1)
+            m[Metric.TPOT_MS] = (t[-1] - t[0]) * 1e3 / (len(t) - 1)
         return m

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from experiments.serving.engine import Engine
+from experiments.serving.engine import Engine, genai_batching, unpaged_prefix
 from experiments.serving.gpu_guards import tensorrt_options
-from experiments.serving.torch_quantize import quantize
+from experiments.serving.torch_quantize import quantize, torch_refusal
 from optimizers.base import Candidate
 from optimizers.placement import device_name
 
@@ -26,14 +26,23 @@ COMPILE_MODES = ("none", "inductor", "tensorrt")
 class TorchEngine(Engine):
     name = "torch"
 
+    @classmethod
+    def refuses(cls, cand: Candidate) -> str | None:
+        recipe = cand.recipe
+        if recipe.precision not in DTYPES:
+            return f"torch engine has no precision {recipe.precision!r}; known: {', '.join(DTYPES)}"
+        if recipe.compile not in COMPILE_MODES:
+            return f"torch engine has no compile mode {recipe.compile!r}; known: {', '.join(COMPILE_MODES)}"
+        if recipe.compile == "tensorrt" and recipe.execution_provider != "cuda":
+            return "TensorRT needs a CUDA device"
+        return (genai_batching(recipe) or continuous_refusal(recipe) or unpaged_prefix(recipe)
+                or torch_refusal(recipe.quantization, recipe.precision, recipe.execution_provider))
+
     def __init__(self, cand: Candidate, threads: int):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        self.require_buildable(cand)
         recipe = self.recipe = cand.recipe
-        if recipe.precision not in DTYPES:
-            raise ValueError(f"torch engine has no precision {recipe.precision!r}; known: {', '.join(DTYPES)}")
-        if recipe.compile not in COMPILE_MODES:
-            raise ValueError(f"torch engine has no compile mode {recipe.compile!r}; known: {', '.join(COMPILE_MODES)}")
         started = time.perf_counter()
         torch.set_num_threads(threads)
         self.device = torch.device(device_name(recipe))
@@ -65,8 +74,6 @@ class TorchEngine(Engine):
             # dynamic=True: one graph for every cache length, instead of a recompile per decode step.
             self._forward = torch.compile(self.model, dynamic=True)
         elif mode == "tensorrt":
-            if self.device.type != "cuda":
-                raise ValueError("TensorRT needs a CUDA device")
             import torch_tensorrt  # noqa: F401  (registers the "tensorrt" backend)
 
             self._forward = torch.compile(self.model, backend="tensorrt", dynamic=True, options=tensorrt_options())
@@ -113,6 +120,23 @@ class TorchEngine(Engine):
         """Stored bits per weight of the linear layers (lm_head included), as ONNX graphs are counted: packed
         quantized weights at their stored size, torchao tensor subclasses by their inner tensors."""
         return linear_weight_bits(self.model)
+
+
+def continuous_refusal(recipe) -> str | None:
+    """What the continuous-batching servers over the torch model (servers.serve) cannot do."""
+    if recipe.batching != "continuous":
+        return None
+    if recipe.scheduler not in ("transformers", "own"):
+        return f"unknown continuous scheduler {recipe.scheduler!r}; known: transformers, own"
+    if recipe.scheduler == "own" and recipe.prefix_caching:
+        return ("the champion's own continuous scheduler keeps a left-padded batched KV cache, not a paged one: "
+                "there are no blocks to share (prefix caching needs continuous_batching's scheduler: transformers)")
+    if recipe.compile != "none" and recipe.scheduler == "own":
+        return ("the own continuous scheduler runs the eager model on shapes that change every step (batch, "
+                "cache length); compiling it is not built")
+    if recipe.compile != "none":
+        return "transformers' continuous batching runs its own paged forward; compile it through its config"
+    return None
 
 
 def _served_hflm(hflm_class, forward, **kwargs):

@@ -8,23 +8,37 @@ from __future__ import annotations
 
 import torch
 
-from optimizers.quantization import torch_refusal
+SCHEMES = ("int8", "int4", "fp8")
 
-PRECISIONS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+def torch_refusal(scheme: str, precision: str, device_type: str) -> str | None:
+    """Why torch cannot quantize a model held at `precision` on `device_type` with `scheme`, or None."""
+    if scheme == "none":
+        return None
+    if scheme not in SCHEMES:
+        return f"torch engine has no {scheme!r} path; known: none, {', '.join(SCHEMES)}"
+    if scheme == "fp8" and device_type != "cuda":
+        return "FP8 needs a CUDA device (torchao float8 kernels); the champion runs on CPU"
+    if scheme == "int4" and device_type != "cuda":
+        return "torchao Int4WeightOnly has no CPU kernel here; INT4 on CPU runs in onnxruntime (MatMulNBits)"
+    if scheme == "int8" and device_type == "cpu" and precision != "fp32":
+        return (f"torch's dynamic int8 Linear quantizes fp32 weights and takes fp32 activations; the champion runs "
+                f"{precision} (its other layers would feed it {precision}): int8 in torch on CPU needs an fp32 "
+                f"champion (ONNX Runtime and OpenVINO quantize from the fp32 export)")
+    if scheme == "int4" and device_type == "cuda" and precision != "bf16":
+        return (f"torchao's int4 kernel here (tinygemm, tile-packed layout) computes in bf16 only; the champion "
+                f"runs {precision}: set the half_precision rung's cuda_dtype: bf16")
+    return None
 
 
 def quantize(model, quantization: str, device: torch.device) -> None:
+    """Quantizes in place a model whose engine has checked torch_refusal for its recipe."""
     if quantization == "none":
         return
-    precision = PRECISIONS.get(model.dtype, str(model.dtype))
-    if reason := torch_refusal(quantization, precision, device.type):
-        raise ValueError(reason)
     if quantization == "int8" and device.type == "cpu":
         model.model.layers = torch.ao.quantization.quantize_dynamic(model.model.layers, {torch.nn.Linear},
                                                                     dtype=torch.qint8)
         return
-    if device.type != "cuda":
-        raise ValueError(f"torch {quantization} runs on CUDA only (torchao kernels); this engine is on {device}")
     quantize_torchao(model.model.layers, quantization)
 
 

@@ -1,0 +1,60 @@
+"""Names that more than one module writes or reads: the MLflow tags of a sweep's runs (the UI, the registry, the
+ledger and the review find runs by them, so a rename here is a rename of every logged run's tag)."""
+
+
+class Tag:
+    # what a run is, and where it belongs
+    KIND = "roi.kind"                        # sweep | rung | endpoint-bench
+    SWEEP = "roi.sweep"
+    TARGET = "roi.target"
+    PROFILE = "roi.profile"
+    RUNG = "roi.rung"
+    COST = "roi.cost"
+    MODEL = "roi.model"
+    MODEL_DIR = "roi.model_dir"
+    ENDPOINT = "roi.endpoint"
+    PROMPT_FORMAT = "roi.prompt_format"
+    QUEUE_MODEL_SPLIT = "roi.queue_model_split"
+    # a rung's outcome
+    VERDICT = "roi.verdict"
+    REASON = "roi.reason"
+    DECISION = "roi.decision"
+    CHAMPION_BEFORE = "roi.champion_before"
+    REVERTED_TO = "roi.reverted_to"
+    SUPERSEDED = "roi.superseded"
+    ARTEFACT_REUSED = "roi.artefact_reused"
+    SCORES_REUSED_FROM = "roi.scores_reused_from"
+    MEASUREMENT = "roi.measurement"
+    ISOLATION = "roi.isolation"
+    FIDELITY = "roi.fidelity"
+    CAPACITY = "roi.capacity"
+    SOAK = "roi.soak"
+    SOAK_GPU = "roi.soak.gpu"
+    GATE = "roi.gate."                       # + a gate criterion's name
+    GATE_FIRST_MEASUREMENT = "roi.gate.first_measurement"
+    GATE_INTERLEAVED = "roi.gate.interleaved"
+    # the sweep's outcome
+    CHAMPION_RUN = "roi.champion_run"
+    CHAMPION_RUNG = "roi.champion_rung"
+    PROMOTED_VERSION = "roi.promoted_version"
+    INTERRUPTED = "roi.interrupted"
+    RESUMED = "roi.resumed"
+    SLOS_NOT_APPLICABLE = "roi.slos.not_applicable"
+    DIAGNOSIS = "roi.diagnosis"
+    DIAGNOSIS_MODEL_LAYER = "roi.diagnosis.model_layer"
+    DIAGNOSIS_RESOURCE_LAYER = "roi.diagnosis.resource_layer"
+    DIAGNOSIS_FRAMEWORK_PROFILE = "roi.diagnosis.framework_profile"
+    RECOMMENDED_NEXT_RUNG = "roi.recommended_next_rung"
+    RECOMMENDED_NEXT_RUNG_REASON = "roi.recommended_next_rung.reason"
+
+
+class Metric:
+    """Per-request latencies (ms) that the servers record, the levels summarise, SLOs and the gate judge."""
+    E2E_MS = "e2e_ms"            # arrival to last token (an encoder: to the embedding)
+    TTFT_MS = "ttft_ms"          # arrival to first token (decoders only)
+    TPOT_MS = "tpot_ms"          # mean time per output token after the first
+    ITL_MS = "itl_ms"            # worst gap between two tokens of a request
+    QUEUE_MS = "queue_ms"        # arrival to the engine's start on it
+    MODEL_MS = "model_ms"        # engine compute
+    BATCH_MS = "batch_ms"        # one batch's forward pass (batching encoders)
+    SEND_LAG_MS = "send_lag_ms"  # the load generator's lateness against the schedule
