@@ -80,6 +80,8 @@ SETTINGS = (
     Setting("gate.interleaved.rounds", int, NON_NEGATIVE, "0 compares with the recorded run; e.g. 20"),
     Setting("gate.interleaved.seconds", float, POSITIVE, "give the length of each run in a round, e.g. 2.0"),
     Setting("gate.interleaved.min_requests", int, AT_LEAST_ONE, "give the fewest requests per run, e.g. 40"),
+    Setting("gate.consistency.max_deviation", float, POSITIVE,
+            "e.g. gate.consistency.max_deviation=0.25 (each side in the rounds within 25 % of its own recorded run)"),
     Setting("gate.accuracy.max_drop_abs", float, NON_NEGATIVE, "null to leave it unused, e.g. 0.02",
             nullable=True),
     Setting("gate.accuracy.max_drop_rel", float, SHARE, "null to leave it unused; 0.05 tolerates a 5 % drop",
