@@ -129,3 +129,11 @@ def test_isolation_run_hands_a_childs_progress_to_on_progress(tmp_path):
     assert seen[0] == ("stage", "counting")
     assert seen[-1][:3] == ("progress", 50, 50)    # throttled in between, never the last
     assert len(seen) < 10
+
+
+def test_one_count_of_thousands_is_no_rate():
+    # lm-eval's first request of 3,200 came 11 s in (start-up): that once read "about 9.9 h left"
+    first = Estimate(done=1, total=3200, elapsed_s=11, last_done_s=11, first_done=1, first_done_s=11)
+    assert first.remaining_s is None and "no estimate yet" in first.text("requests")
+    later = Estimate(done=101, total=3200, elapsed_s=21, last_done_s=21, first_done=1, first_done_s=11)
+    assert later.remaining_s == pytest.approx(0.1 * 3099)
