@@ -60,10 +60,14 @@ def test_kv_blocks_track_sequence_length_and_are_freed(server):
         time.sleep(0.002)
     wait(rec)
     assert seen, "no KV usage sampled while the request ran"
-    tokens_early, blocks_early = seen[0]
-    tokens_late, blocks_late = seen[-1]
-    assert blocks_early >= math.ceil(40 / BLOCK) and blocks_late > blocks_early
-    assert blocks_late <= math.ceil((40 + 60) / BLOCK) + 1
+    # Every sample holds about the blocks its tokens need (one ahead at most). Where the samples span two
+    # block boundaries, the cache grew; the sampling thread may be starved on a busy machine, so the span
+    # is not asserted: each sample is.
+    for tokens, blocks in seen:
+        assert math.ceil((40 + tokens - 1) / BLOCK) <= blocks <= math.ceil((40 + tokens) / BLOCK) + 1, seen
+    (tokens_early, blocks_early), (tokens_late, blocks_late) = seen[0], seen[-1]
+    if tokens_late - tokens_early >= 2 * BLOCK:
+        assert blocks_late > blocks_early, seen
     deadline = time.time() + 5
     while server.kv_usage().blocks_in_use and time.time() < deadline:
         time.sleep(0.01)
