@@ -11,6 +11,7 @@ builds each run afresh instead (two builds of one recipe keep speeds of their ow
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
@@ -71,23 +72,43 @@ def measure(cand: Candidate, sweep, name: str, apart: Apart, on_progress=None) -
     return apart.run("measure", _measure_here, cand, replace(sweep, ui=None), name, on_progress=on_progress)
 
 
-def level_run(cand: Candidate, threads: int, artefacts: Path, workload, load, concurrency: int, confidence: float,
-              apart: Apart, what: str) -> LevelReport:
-    """One run of a gate round: a fresh build of `cand`, alone in a fresh process."""
-    return apart.run(what, _level_here, functools.partial(build_engine, cand, threads, artefacts), workload, load,
-                     concurrency, confidence)
+ROUNDS_DONE = {True: "each run a fresh build in a fresh process of its own",
+               False: "each side built once in a process of its own, stopped (SIGSTOP) while the other runs"}
 
 
-def resident(cand: Candidate, threads: int, artefacts: Path, apart: Apart, what: str) -> isolation.Resident:
-    """`cand` built once in a process of its own, measured there run by run (resident_level_run), and stopped
-    between its runs: its rival's runs happen while nothing of it can run."""
-    return isolation.Resident(functools.partial(build_engine, cand, threads, artefacts), apart.limits,
-                              apart.logs / f"{apart.stem}-{what}.log")
+@contextlib.contextmanager
+def round_runs(sides: dict[str, Candidate], fresh_build_per_run: bool, threads: int, artefacts: Path, workload,
+               load, concurrency: int, confidence: float, apart: Apart, attempt: int, on_build=None):
+    """One callable per side (`who` → a run of one gate round, giving its LevelReport), each measuring alone.
+    Resident (the default): each side built once in a process of its own, stopped between its runs, so its
+    rival's runs happen while nothing of it can run. Fresh: each run a fresh build in a fresh process.
+    on_build(built, of) counts the resident builds."""
+    if fresh_build_per_run:
+        count = dict.fromkeys(sides, 0)
+
+        def fresh(who):
+            def one():
+                count[who] += 1
+                return apart.run(f"rounds{attempt}-{who}-{count[who]}", _level_here,
+                                 functools.partial(build_engine, sides[who], threads, artefacts), workload, load,
+                                 concurrency, confidence)
+            return one
+        yield {who: fresh(who) for who in sides}
+        return
+    with contextlib.ExitStack() as stack:
+        built = {}
+        for who, cand in sides.items():
+            if on_build:
+                on_build(len(built), len(sides))
+            built[who] = stack.enter_context(isolation.Resident(
+                functools.partial(build_engine, cand, threads, artefacts), apart.limits,
+                apart.logs / f"{apart.stem}-rounds{attempt}-{who}.log"))
+        yield {who: functools.partial(_resident_level_run, built[who], workload, load, concurrency, confidence)
+               for who in sides}
 
 
-def resident_level_run(contender: isolation.Resident, workload, load, concurrency: int,
-                       confidence: float) -> LevelReport:
-    """One run of a gate round on a resident contender's engine."""
+def _resident_level_run(contender: isolation.Resident, workload, load, concurrency: int,
+                        confidence: float) -> LevelReport:
     try:
         return contender.call(_level_on, workload, load, concurrency, confidence)
     except isolation.ResidentFailed as exc:

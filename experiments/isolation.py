@@ -94,8 +94,7 @@ def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None, on_progr
     log_path.parent.mkdir(parents=True, exist_ok=True)
     receiver, sender = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child_main, args=(sender, fn, args, str(log_path)), name=f"roi-ladder:{log_path.stem}")
-    started = time.monotonic()
-    peak, failure, family = 0, None, {}
+    watch, failure = _Watch(limits), None
     try:
         child.start()
         sender.close()
@@ -111,7 +110,7 @@ def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None, on_progr
                     child.join(30)
                     if status == "raised":
                         raise value
-                    return Outcome(value, None, peak, time.monotonic() - started)
+                    return Outcome(value, None, watch.peak_rss_bytes, watch.seconds())
                 if on_progress:        # and on to the limits: a chatty child is watched as a quiet one
                     try:
                         on_progress(value)
@@ -119,27 +118,46 @@ def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None, on_progr
                         logging.getLogger(__name__).exception("progress display")
             elif not child.is_alive() and not receiver.poll(0):
                 break
-            rss = _tree_rss(child.pid, family)
-            peak = max(peak, rss)
-            if rss > limits.memory_bytes:
-                failure = (f"memory limit hit: the rung's processes held {rss / 2**30:.2f} GiB resident, over the "
-                           f"limit of {limits.memory_bytes / 2**30:.2f} GiB (isolation.memory_limit_gb)")
-                break
-            if time.monotonic() - started > limits.time_s:
-                failure = (f"time limit hit: still running after {limits.time_s:g} s (isolation.time_limit_s); "
-                           f"it may hang")
+            if failure := watch.breach(child.pid):
                 break
     except BaseException:
-        _end(child, family)
+        _end(child, watch.family)
         raise
     finally:
         receiver.close()
         sender.close()
-    _end(child, family)
+    _end(child, watch.family)
     if failure is None:
         failure = _exit_reason(child.exitcode)
     tail = _log_tail(log_path)
-    return Outcome(None, f"{failure}{'; last log lines: ' + tail if tail else ''}", peak, time.monotonic() - started)
+    return Outcome(None, f"{failure}{'; last log lines: ' + tail if tail else ''}", watch.peak_rss_bytes,
+                   watch.seconds())
+
+
+class _Watch:
+    """The limits of one child, checked between its messages: its process tree's resident memory (peak kept)
+    and the time since the watch began. Every process seen is kept in `family`, to be ended with it."""
+
+    def __init__(self, limits: Limits):
+        self.limits, self.family, self.peak_rss_bytes = limits, {}, 0
+        self.restart()
+
+    def restart(self) -> None:
+        self.started = time.monotonic()
+
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+    def breach(self, pid: int) -> str | None:
+        rss = _tree_rss(pid, self.family)
+        self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
+        if rss > self.limits.memory_bytes:
+            return (f"memory limit hit: the rung's processes held {rss / 2**30:.2f} GiB resident, over the "
+                    f"limit of {self.limits.memory_bytes / 2**30:.2f} GiB (isolation.memory_limit_gb)")
+        if self.seconds() > self.limits.time_s:
+            return (f"time limit hit: still running after {self.limits.time_s:g} s (isolation.time_limit_s); "
+                    f"it may hang")
+        return None
 
 
 class ResidentFailed(RuntimeError):
@@ -156,7 +174,7 @@ class Resident:
     def __init__(self, setup, limits: Limits, log_path: Path):
         ctx = _fork_server()
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.limits, self.log_path, self.family, self.peak_rss_bytes = limits, log_path, {}, 0
+        self.log_path, self.watch = log_path, _Watch(limits)
         self._conn, child_end = ctx.Pipe()
         self.child = ctx.Process(target=_resident_main, args=(child_end, setup, str(log_path)),
                                  name=f"roi-ladder:{log_path.stem}")
@@ -179,7 +197,7 @@ class Resident:
 
     def close(self) -> None:
         self._signal(signal.SIGCONT)       # a stopped process dies of SIGKILL too; this lets its group go at once
-        _end(self.child, self.family)
+        _end(self.child, self.watch.family)
         self._conn.close()
 
     def __enter__(self):
@@ -195,31 +213,27 @@ class Resident:
             except (ProcessLookupError, PermissionError):
                 pass
 
+    @property
+    def peak_rss_bytes(self) -> int:
+        return self.watch.peak_rss_bytes
+
     def _answer(self):
-        started, failure = time.monotonic(), None
+        self.watch.restart()               # each call has the whole time limit; the memory peak spans them all
+        failure = None
         while failure is None:
-            if self._conn.poll(self.limits.poll_s):
+            if self._conn.poll(self.watch.limits.poll_s):
                 try:
                     status, value = self._conn.recv()
                 except (EOFError, OSError):
-                    failure = "no answer"
                     break
                 if status == "raised":
                     raise value
                 return value
             if not self.child.is_alive():
-                failure = "no answer"
                 break
-            rss = _tree_rss(self.child.pid, self.family)
-            self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
-            if rss > self.limits.memory_bytes:
-                failure = (f"memory limit hit: {rss / 2**30:.2f} GiB resident, over the limit of "
-                           f"{self.limits.memory_bytes / 2**30:.2f} GiB (isolation.memory_limit_gb)")
-            elif time.monotonic() - started > self.limits.time_s:
-                failure = f"time limit hit: still running after {self.limits.time_s:g} s (isolation.time_limit_s)"
-        _end(self.child, self.family)
-        if failure == "no answer":
-            failure = _exit_reason(self.child.exitcode)
+            failure = self.watch.breach(self.child.pid)
+        _end(self.child, self.watch.family)
+        failure = failure or _exit_reason(self.child.exitcode)
         tail = _log_tail(self.log_path)
         raise ResidentFailed(f"{failure}{'; last log lines: ' + tail if tail else ''}")
 

@@ -157,7 +157,8 @@ def relaying() -> bool:
 
 
 def send(message, *, urgent: bool = False) -> None:
-    """Sent when urgent (a new stage, a new piece of work, the last unit) or RELAY_EVERY_S after the last."""
+    """Sent when urgent (a new stage, a new piece of work, the last unit) or RELAY_EVERY_S after the last.
+    Callers count between measured windows (load levels, soak windows, rounds), never inside one."""
     global _last_sent
     if _channel is None:
         return

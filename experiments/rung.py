@@ -2,8 +2,6 @@
 process of its own, everything logged to the rung's MLflow run."""
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -198,9 +196,8 @@ def _performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate,
         rounds = _rounds(champion.candidate, cand, sweep, name, apart, c, 2)
         consistency = gate.consistency(rounds, champion.bench, bench)
     _log_rounds(rounds, cfg.gate.objective, "gate/interleaved_rounds.csv", "gate/round_ratio")
-    tracking.set_tag(Tag.GATE_INTERLEAVED, "each run a fresh build in a fresh process of its own"
-                     if rounds_cfg.get("fresh_build_per_run", False) else
-                     "each side built once in a process of its own, stopped (SIGSTOP) while the other runs")
+    tracking.set_tag(Tag.GATE_INTERLEAVED,
+                     contender.ROUNDS_DONE[bool(rounds_cfg.get("fresh_build_per_run", False))])
     return [gate.interleaved(rounds), consistency]
 
 
@@ -220,24 +217,10 @@ def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart
             st.progress(r, int(rounds_cfg.rounds), "rounds", planned_s=planned)
 
         sides = {"champion": champion, "challenger": cand}
-        if rounds_cfg.get("fresh_build_per_run", False):
-            count = dict.fromkeys(sides, 0)
-
-            def fresh(who):
-                def one():
-                    count[who] += 1
-                    return contender.level_run(sides[who], threads, artefacts, sweep.workload, load, c,
-                                               cfg.gate.confidence, apart, f"rounds{attempt}-{who}-{count[who]}")
-                return one
-            return interleaved.measure({who: fresh(who) for who in sides}, int(rounds_cfg.rounds), c, on_round)
-        with contextlib.ExitStack() as stack:
-            built = {}
-            for who, recipe in sides.items():
-                st.progress(len(built), len(sides), "builds, each in a process of its own")
-                built[who] = stack.enter_context(contender.resident(recipe, threads, artefacts, apart,
-                                                                    f"rounds{attempt}-{who}"))
-            runs = {who: functools.partial(contender.resident_level_run, built[who], sweep.workload, load, c,
-                                           cfg.gate.confidence) for who in sides}
+        with contender.round_runs(sides, bool(rounds_cfg.get("fresh_build_per_run", False)), threads, artefacts,
+                                  sweep.workload, load, c, cfg.gate.confidence, apart, attempt,
+                                  on_build=lambda k, n: st.progress(k, n, "builds, each in a process of its own")
+                                  ) as runs:
             return interleaved.measure(runs, int(rounds_cfg.rounds), c, on_round)
 
 

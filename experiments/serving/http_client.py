@@ -15,7 +15,6 @@ import asyncio
 import json
 import socket
 import threading
-import time
 
 import aiohttp
 
