@@ -15,6 +15,7 @@ from experiments.errors import ConfigError, SweepInterrupted
 from experiments.gate import Gate
 from experiments.interrupts import GracefulStop
 from experiments.ledger import Ledger
+from experiments.machine_load import MachineLoad
 from experiments.names import Tag
 from experiments.outcome import RungOutcome, SweepResult, markdown_table
 from experiments.rung import Sweep, climb
@@ -53,6 +54,9 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         ui.note(f"SLOs that do not apply to a {target.kind} target, left out: "
                 f"{', '.join(s.text for s in not_applicable)}")
     sweep = Sweep(cfg, env, target, workload, kind, Gate(cfg.gate, cfg.seed), experiment_id, ui)
+    load = MachineLoad.sample()
+    if load.warning():
+        ui.note(load.warning())
     top = int(max(cfg.benchmark.concurrency))
     book, keys, resume, why = _open_ledger(sweep, [n for n, _ in rungs])
     outcomes = ledger.restore(resume, kind, sweep.scores) if resume else []
@@ -65,6 +69,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
                             "hardware": "cuda" if env.cuda else "cpu"}) as parent, GracefulStop() as stop:
         book.begin(parent.info.run_id, sweep_id, resume.kept if resume else [])   # before anything else is logged
         _record_start(resume, why, sweep, outcomes, top)
+        tracking.set_tag(Tag.MACHINE_LOAD, f"at the start: {load.text()}")
         if not_applicable:
             tracking.set_tag(Tag.SLOS_NOT_APPLICABLE, ", ".join(s.text for s in not_applicable))
         measured_s = []                  # how long each rung that applied took: the estimate of what remains
@@ -72,6 +77,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
             if stop.requested:
                 break
             ui.rung_start(len(outcomes) + 1, len(rungs), name, measured_s, len(outcomes))
+            load = MachineLoad.sample()
             began = time.monotonic()
             outcome = climb(name, opt, champion, sweep, book, keys[name])
             if outcome.verdict.status != "skipped":
@@ -81,7 +87,9 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
                 champion = outcome
             book.done(_ledger_entry(outcome), {"outcomes": {o.name: o for o in outcomes},
                                                "reference": kind.reference, "scores": sweep.scores})
-            tracking.mark_run(outcome.run_id, {review.DESCRIPTION: review.rung_description(outcome)})
+            tracking.mark_run(outcome.run_id, {review.DESCRIPTION: review.rung_description(outcome),
+                                               Tag.MACHINE_LOAD: f"at the rung's start: {load.text()}"},
+                              metrics=load.to_metrics())
             ui.rung_done(outcome, top)
         if stop.requested and len(outcomes) < len(rungs):
             book.finish("interrupted")

@@ -33,6 +33,7 @@ class Tag:
     GATE = "roi.gate."                       # + a gate criterion's name
     GATE_FIRST_MEASUREMENT = "roi.gate.first_measurement"
     GATE_INTERLEAVED = "roi.gate.interleaved"
+    MACHINE_LOAD = "roi.machine_load"        # other work on the machine as the sweep / the rung started
     # the sweep's outcome
     CHAMPION_RUN = "roi.champion_run"
     CHAMPION_RUNG = "roi.champion_rung"

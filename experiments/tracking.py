@@ -210,11 +210,14 @@ def run_status(run_id: str) -> str | None:
     return found.info.status if found.info.lifecycle_stage == "active" else None
 
 
-def mark_run(run_id: str, tags: dict, status: str | None = None) -> None:
-    """Tags (and a final status) on a run that is not the active one: a rung an earlier sweep left behind."""
+def mark_run(run_id: str, tags: dict, status: str | None = None, metrics: dict | None = None) -> None:
+    """Tags, metrics and a final status on a run that is not the active one (a rung that has ended, or one an
+    earlier sweep left behind)."""
     client = MlflowClient()
     for key, value in tags.items():
         client.set_tag(run_id, key, scrub_text(value))
+    for key, value in (metrics or {}).items():
+        client.log_metric(run_id, key, float(value))
     if status:
         client.set_terminated(run_id, status)
 

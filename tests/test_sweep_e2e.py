@@ -54,6 +54,10 @@ def test_one_parent_and_one_child_per_rung(sweep):
     assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in children)
     assert all(r.data.tags["roi.verdict"] in VERDICTS and r.data.tags["roi.reason"] for r in children)
     assert not [r for r in children if r.data.tags["roi.verdict"] == "failed"]
+    # how busy the machine was as the sweep and each rung started, for a reviewer reading a noisy verdict
+    assert "cores" in parents[0].data.tags["roi.machine_load"]
+    assert all("cores" in r.data.tags["roi.machine_load"] and r.data.metrics["machine/busy_cores"] >= 0
+               for r in children)
 
 
 def test_metrics_are_positive_and_plausible(sweep):

@@ -1,0 +1,37 @@
+"""The machine's other work, read while the sweep is idle: a busy machine is said up front."""
+import multiprocessing
+import time
+
+from experiments.machine_load import MachineLoad
+
+
+def _burn(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_busy_is_more_than_a_quarter_of_the_cores_and_the_warning_gives_the_figures():
+    quiet, busy = MachineLoad(0.3, 2, 0.4), MachineLoad(1.6, 2, 6.5)
+    assert not quiet.busy and quiet.warning() is None
+    assert busy.busy
+    warning = busy.warning()
+    assert "1.6 of 2 cores" in warning and "load average 6.5" in warning and "quiet machine" in warning
+    assert busy.to_metrics() == {"machine/busy_cores": 1.6, "machine/load1": 6.5}
+
+
+def test_a_burner_on_every_core_reads_as_busy():
+    cores = multiprocessing.cpu_count()
+    ctx = multiprocessing.get_context("spawn")
+    burners = [ctx.Process(target=_burn, args=(6.0,)) for _ in range(cores)]
+    for b in burners:
+        b.start()
+    try:
+        time.sleep(1.5)                        # the spawned interpreters are up and burning
+        load = MachineLoad.sample(1.0)
+    finally:
+        for b in burners:
+            b.terminate()
+            b.join()
+    assert load.cores == cores and load.busy, load
+    assert load.busy_cores >= 0.5 * cores, load
