@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy import stats
@@ -65,6 +65,16 @@ class Gate:
                                                    f"({len(a)} vs {len(b)})")
         ratio, lo, hi = ratio_ci(a, b, obj.stat, self.cfg.confidence, self.cfg.bootstrap_resamples, self.seed)
         return self._judged(ratio, lo, hi, f"{obj.metric} {obj.stat} @c={level}", {})
+
+    def without_rounds(self, champion: BenchmarkReport, challenger: BenchmarkReport) -> Criterion | None:
+        """Rejected before any rounds, or None (rounds needed): a gain must show in the recorded runs too, so a
+        challenger whose own run is not faster than the champion's at the objective (ratio >= 1) cannot be
+        accepted, whatever rounds would show (consistency() applies the same rule to a gain they show)."""
+        crit = self.performance(champion, challenger)
+        if not crit.numbers.get("ratio", math.nan) >= 1:
+            return None
+        return replace(crit, passed=False, detail=f"decided without rounds, the recorded runs show no gain (an "
+                                                  f"accepted gain must show there too): {crit.detail}")
 
     def interleaved(self, rounds, challenger: str = "challenger", champion: str = "champion") -> Criterion:
         """Against the champion re-measured beside the challenger: Hodges-Lehmann and its signed-rank interval

@@ -187,6 +187,12 @@ def _performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate,
     rounds_cfg = cfg.gate.interleaved
     if not rounds_cfg.rounds:
         return [gate.performance(champion.bench, bench)]
+    if rounds_cfg.get("skip_without_recorded_gain", True):
+        decided = gate.without_rounds(champion.bench, bench)
+        if decided:
+            tracking.set_tag(Tag.GATE_INTERLEAVED, "not run: the recorded runs show no gain, which no rounds "
+                                                   "could turn into an acceptance")
+            return [decided]
     c = gate.objective_concurrency(champion.bench)
     rounds = _rounds(champion.candidate, cand, sweep, name, apart, c, 1)
     consistency = gate.consistency(rounds, champion.bench, bench)

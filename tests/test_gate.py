@@ -122,3 +122,15 @@ def test_a_gain_only_the_rounds_show_is_inconsistent_even_within_the_tolerance()
     crit = Gate(CONSISTENT).consistency(rounds_at(110, 90), bench_with_e2e([95] * 20), bench_with_e2e([100] * 20))
     assert not crit.passed and "recorded runs do not" in crit.detail
     assert crit.numbers["recorded_ratio"] == pytest.approx(100 / 95)
+
+
+def test_a_challenger_not_faster_in_its_own_run_is_rejected_before_any_rounds():
+    gate, champion = Gate(CONSISTENT), bench_with_e2e(list(np.linspace(90, 110, 20)))
+    decided = gate.without_rounds(champion, bench_with_e2e(list(np.linspace(95, 115, 20))))     # 5 % slower
+    assert decided is not None and not decided.passed and decided.name == "performance"
+    assert decided.detail.startswith("decided without rounds, the recorded runs show no gain")
+    assert decided.numbers["ratio"] == pytest.approx(105 / 100)
+    assert gate.without_rounds(champion, bench_with_e2e(list(np.linspace(85, 105, 20)))) is None   # faster: rounds
+    # the tie is no gain: rejected too; too few requests to tell: the rounds decide
+    assert gate.without_rounds(champion, champion) is not None
+    assert gate.without_rounds(champion, bench_with_e2e([100])) is None
