@@ -59,3 +59,10 @@ class Metric:
     MODEL_MS = "model_ms"        # engine compute
     BATCH_MS = "batch_ms"        # one batch's forward pass (batching encoders)
     SEND_LAG_MS = "send_lag_ms"  # the load generator's lateness against the schedule
+
+
+# Every latency metric a gate objective or an SLO may name (the requests of a decoding model have them all).
+LATENCY_METRICS = (Metric.E2E_MS, Metric.TTFT_MS, Metric.TPOT_MS, Metric.ITL_MS, Metric.QUEUE_MS, Metric.MODEL_MS)
+# An encoder's request has one output (its embedding): TTFT, TPOT and ITL do not apply; batch_ms is the wall
+# time of each batch (one sample per batch, not per request).
+ENCODER_METRICS = (Metric.E2E_MS, Metric.QUEUE_MS, Metric.MODEL_MS, Metric.BATCH_MS)

@@ -8,9 +8,8 @@ from typing import Callable
 import numpy as np
 
 from experiments.errors import ConfigError
+from experiments.names import LATENCY_METRICS as METRICS
 from experiments.names import Metric
-
-METRICS = (Metric.E2E_MS, Metric.TTFT_MS, Metric.TPOT_MS, Metric.ITL_MS, Metric.QUEUE_MS, Metric.MODEL_MS)
 _SLO = re.compile(r"^\s*(p\d{1,2}(?:\.\d+)?|mean)_([a-z0-9]+_ms)\s*(<=|<)\s*(\d+(?:\.\d+)?)\s*$")
 
 

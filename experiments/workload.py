@@ -4,13 +4,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from experiments.names import Metric
+from experiments.names import ENCODER_METRICS, LATENCY_METRICS
 from experiments.serving.request import Prompt
-
-LATENCY_METRICS = (Metric.E2E_MS, Metric.TTFT_MS, Metric.TPOT_MS, Metric.ITL_MS, Metric.QUEUE_MS, Metric.MODEL_MS)
-# An encoder's request has one output (its embedding): TTFT, TPOT and ITL do not apply; batch_ms is the wall
-# time of each batch (one sample per batch, not per request).
-ENCODER_METRICS = (Metric.E2E_MS, Metric.QUEUE_MS, Metric.MODEL_MS, Metric.BATCH_MS)
 
 
 @dataclass(frozen=True)
