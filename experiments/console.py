@@ -77,11 +77,10 @@ class SweepConsole:
                            f"— {outcome.verdict.reason}")
 
     def summary(self, result, top: int, tracking_uri: str) -> None:
-        from experiments.outcome import RungOutcome, cell
+        from experiments.outcome import cell, table_columns
 
         table = Table(title="ROI ladder", show_lines=True)
-        first = result.outcomes[0].candidate if result.outcomes else None
-        columns = RungOutcome.columns(first is None or first.target.decodes, top)
+        columns = table_columns(result.outcomes, top)
         for col in ("rung", "verdict", *(header for _, header, _ in columns), "reason"):
             table.add_column(col, overflow="fold")
         for o in result.outcomes:

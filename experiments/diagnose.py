@@ -315,17 +315,15 @@ def _saturation(levels, r) -> Finding:
 
 # --- for the sweep ----------------------------------------------------------------------------------------
 def place_on_roofline(cand, workload, hardware):
-    """The candidate's model and recipe on `hardware`'s roofline, for the target's longest prompt and context."""
-    from transformers import AutoConfig
-
+    """The candidate's model and recipe on `hardware`'s roofline, for the target's longest prompt and context;
+    None where the roofline's counts do not fit the target's kind (they count a decoder's layers)."""
     from experiments import roofline
+    from experiments.kinds import kind_of
 
-    recipe, decodes = cand.recipe, cand.target.decodes
-    if not decodes:
-        # ModelShape counts a Llama decoder (gated MLP, LM head, causal attention): an encoder's bounds would be
-        # about 2.4x off for MiniLM, so none is placed rather than a wrong one
+    recipe = cand.recipe
+    shape = kind_of(cand.target.kind).roofline_shape(cand.target.model_dir)
+    if shape is None:
         return None
-    shape = roofline.ModelShape.from_config(AutoConfig.from_pretrained(cand.target.model_dir))
     return roofline.Roofline.analyse(
         shape, hardware, *roofline.weight_and_kv_bytes(recipe.precision, recipe.quantization),
         prefill_tokens=max(workload.input_tokens), decode_batch=max(1, recipe.max_batch),

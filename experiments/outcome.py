@@ -7,6 +7,7 @@ from experiments.accuracy import AccuracyReport
 from experiments.benchmark import BenchmarkReport
 from experiments.fidelity import FidelityReport
 from experiments.gate import Verdict
+from experiments.kinds import DEFAULT_KIND, kind_of
 from experiments.names import Metric
 from optimizers.base import Candidate
 
@@ -22,16 +23,6 @@ class RungOutcome:
     fidelity: FidelityReport | None = None
     run_id: str | None = None
     champion_before: "RungOutcome | None" = None
-
-    @staticmethod
-    def columns(decodes: bool, top: int) -> list[tuple[str, str, str]]:
-        """(summary key, header, format) of the ladder table: TTFT and TPOT for a decoder, E2E and
-        embeddings/s for an encoder."""
-        if decodes:
-            return [("ttft_ms_p50", "TTFT p50 ms (c=1)", "%.2f"), ("tpot_ms_p50", "TPOT p50 ms (c=1)", "%.3f"),
-                    ("tokens_per_s", f"tokens/s (c={top})", "%.0f"), ("accuracy", "accuracy", "%.3f")]
-        return [("e2e_ms_p50", "E2E p50 ms (c=1)", "%.2f"), ("tokens_per_s", f"embeddings/s (c={top})", "%.0f"),
-                ("accuracy", "accuracy", "%.3f")]
 
     def summary(self, top_concurrency: int) -> dict[str, float]:
         if self.bench is None:
@@ -55,9 +46,16 @@ class SweepResult:
     urls: tuple[str, ...] = ()         # in the MLflow UI: the ladder's runs view, the sweep's run
 
 
+def table_columns(outcomes: list[RungOutcome], top: int) -> list[tuple[str, str, str]]:
+    """(summary key, header, format) of the ladder table's measured columns, as the target's kind lays them
+    out (TTFT and TPOT for a decoder, E2E and embeddings/s for an encoder)."""
+    first = outcomes[0].candidate if outcomes else None
+    return kind_of(first.target.kind if first is not None else DEFAULT_KIND).columns(top)
+
+
 def markdown_table(outcomes: list[RungOutcome], top: int) -> str:
     """The ladder; each delta is against the champion the rung was gated against (named in `gated against`)."""
-    columns = RungOutcome.columns(outcomes[0].candidate is None or outcomes[0].candidate.target.decodes, top)
+    columns = table_columns(outcomes, top)
     rows = ["| rung | verdict | gated against | " + " | ".join(h for _, h, _ in columns) + " | reason |",
             "|---|---|---|" + "---|" * len(columns) + "---|"]
     for o in outcomes:

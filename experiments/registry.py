@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 from omegaconf import OmegaConf
 
-from experiments import tracking
+from experiments import kinds, tracking
 from experiments.cache import locked
 from experiments.errors import ConfigError
 from experiments.names import Tag
@@ -64,11 +64,13 @@ def promote(tracking_cfg, run_id: str | None = None, model_name: str | None = No
                           f"not accepted: {run.data.tags.get(Tag.REASON, '')[:200]}",
                           "promote a run whose roi.verdict is accepted (e.g. the sweep's roi.champion_run)")
     sweep = client.get_run(run.data.tags["mlflow.parentRunId"])
-    kind = sweep.data.params.get("target.kind", "causal-lm")
-    if kind != "causal-lm":
-        raise ConfigError(f"run {run.info.run_id} is of a {kind} target; promotion packages causal LMs only "
-                          f"(a text-generation pyfunc)", "promote a causal-LM sweep's run; packaging an encoder "
-                          "(an embedding pyfunc) is not built yet")
+    kind = sweep.data.params.get("target.kind", kinds.DEFAULT_KIND)
+    if kinds.kind_of(kind).packaged_as is None:
+        packaged = [kinds.kind_of(k) for k in kinds.names() if kinds.kind_of(k).packaged_as]
+        raise ConfigError(f"run {run.info.run_id} is of a {kind} target; promotion packages "
+                          f"{' and '.join(f'{k.noun}s ({k.packaged_as})' for k in packaged)} only",
+                          f"promote a {' or '.join(k.noun for k in packaged)} sweep's run; packaging "
+                          f"{kinds.kind_of(kind).noun}s is not built yet")
     name = model_name or _default_name(sweep)
     model_uri = _log_package(run, sweep)
     with registry_lock(str(tracking_cfg.uri)):

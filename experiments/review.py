@@ -7,7 +7,7 @@ import base64
 import html
 import io
 
-from experiments.outcome import RungOutcome, markdown_table
+from experiments.outcome import RungOutcome, markdown_table, table_columns
 
 DESCRIPTION = "mlflow.note.content"   # what the run page shows as the run's description
 
@@ -41,8 +41,7 @@ def rung_description(outcome: RungOutcome) -> str:
 
 def html_report(title: str, outcomes: list[RungOutcome], top: int, figures: dict) -> str:
     """The ladder table and the sweep's plots in one file that MLflow's artefact viewer renders."""
-    first = outcomes[0].candidate if outcomes else None
-    columns = RungOutcome.columns(first is None or first.target.decodes, top)
+    columns = table_columns(outcomes, top)
     head = "".join(f"<th>{html.escape(h)}</th>" for h in ("rung", "verdict", *(h for _, h, _ in columns),
                                                            "gated against", "reason"))
     rows = []

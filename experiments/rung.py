@@ -35,7 +35,7 @@ class Sweep:
     env: Env
     target: object
     workload: Workload
-    kind: object                                # kinds.CausalLM | kinds.Embedding: how answers are scored
+    kind: object                                # the target kind's Scorer (experiments/kinds): how answers are scored
     gate: Gate
     experiment_id: str
     ui: object

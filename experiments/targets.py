@@ -5,16 +5,15 @@ import os
 from pathlib import Path
 
 from experiments.errors import ConfigError
-from experiments.models.corpus import Corpus, texts_from
+from experiments.kinds import kind_of
+from experiments.models.corpus import Corpus, corpus_texts
 from experiments.models.gguf import ensure_converted
-from experiments.models.hf_folder import check_pooling
 from experiments.models.hf_folder import inspect as inspect_folder
 from experiments.models.tiny_llm import TinyLlmRecipe, ensure_built, task_include_path
 from optimizers.base import Target
 
 BUILTINS = {"builtin:tiny-llm": "causal-lm", "builtin:minilm": "embedding", "builtin:smollm2-135m": "causal-lm"}
 BUILTIN_NAMES = {"tiny-llm", "minilm", "smollm2"}
-DEFAULT_HELDOUT_EVERY = 8   # the stdlib's held-out files, as tiny-llm's build splits them: text no model here trained on
 
 
 def check_source(cfg_target) -> None:
@@ -67,7 +66,8 @@ def resolve(cfg_target, cache_dir: Path, data_dir: Path, progress,
 
         model_dir = smollm2.ensure_built(cache_dir, progress)
         tasks = smollm2.task_include_path(data_dir / "tasks" / model_dir.name)
-        return Target(cfg_target.name, cfg_target.kind, model_dir), _corpus_texts(cfg_target), tasks
+        texts = corpus_texts(cfg_target.workload.get("corpus"))
+        return Target(cfg_target.name, cfg_target.kind, model_dir), texts, tasks
     return _folder(cfg_target, cache_dir, progress)
 
 
@@ -79,23 +79,8 @@ def _folder(cfg_target, cache_dir: Path, progress) -> tuple[Target, list[str], N
         path = ensure_converted(path, cache_dir, progress)
     folder = inspect_folder(path, _given_kind(cfg_target))
     cfg_target.kind = folder.kind
-    if folder.kind == "embedding":
-        from experiments.models.minilm import RetrievalSet
-
-        check_pooling(folder.path)
-        if isinstance(cfg_target.workload.get("prompts"), str):
-            raise ConfigError(f"target.workload.prompts={cfg_target.workload.prompts} is for a causal LM; {folder.path.name} "
-                              f"is an embedding model, served and scored on the built-in retrieval set so far",
-                              "drop target.workload.prompts for this model")
-        texts = RetrievalSet.from_stdlib(int(cfg_target.workload.texts), int(cfg_target.workload.seed)).texts()
-    else:
-        texts = _corpus_texts(cfg_target)
+    texts = kind_of(folder.kind).folder_texts(cfg_target, folder.path)
     return Target(str(cfg_target.name), folder.kind, folder.path), texts, None
-
-
-def _corpus_texts(cfg_target) -> list[str]:
-    corpus = cfg_target.workload.get("corpus")
-    return texts_from(corpus) if corpus else Corpus.from_stdlib(DEFAULT_HELDOUT_EVERY).heldout
 
 
 def _given_kind(cfg_target) -> str | None:

@@ -9,8 +9,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import isolation, soak
-from experiments.accuracy import check_tasks
+from experiments import isolation, kinds, soak
 from experiments.capacity import check_config as check_capacity_config
 from experiments.errors import ConfigError
 from experiments.gate import check_config as check_gate_config
@@ -18,7 +17,7 @@ from experiments.load import check_load
 from experiments.prompts_file import check_file
 from experiments.settings import check_settings
 from experiments.targets import check_source
-from experiments.workload import LATENCY_METRICS
+from experiments.names import LATENCY_METRICS
 from optimizers.base import Env, Optimizer
 from optimizers.baseline import EagerBaseline
 
@@ -98,8 +97,8 @@ def validate(cfg: DictConfig, env: Env | None = None) -> list[tuple[str, Optimiz
         raise ConfigError(f"gate.objective.concurrency={obj.concurrency} is not a measured level {levels}",
                           "add it to benchmark.concurrency or pick one of the levels")
     check_writable(Path(cfg.data_dir))
-    if cfg.target.kind == "causal-lm" and cfg.accuracy.include_path:   # shipped tasks are known once built
-        check_tasks(list(cfg.accuracy.tasks), Path(cfg.accuracy.include_path))
+    if cfg.target.kind in kinds.names():   # a user's folder: its kind is known once inspected
+        kinds.kind_of(cfg.target.kind).check(cfg)
     rungs = load_rungs(cfg)
     check_required(cfg, rungs, env or Env.detect())
     return rungs

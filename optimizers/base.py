@@ -11,20 +11,19 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 
-# Whether a target kind's model decodes token by token (decode steps, a KV cache) or, like an encoder, runs one
-# forward pass per request: rungs ask this, not the kind's name.
-DECODES = {"causal-lm": True, "embedding": False}
-
-
 @dataclass(frozen=True)
 class Target:
     name: str
-    kind: str            # causal-lm | embedding
+    kind: str            # a target kind's name (experiments/kinds): causal-lm | embedding
     model_dir: Path      # a Hugging Face folder (config, safetensors, tokenizer)
 
     @property
     def decodes(self) -> bool:
-        return DECODES[self.kind]
+        """Whether its model decodes token by token (decode steps, a KV cache) or, like an encoder, runs one
+        forward pass per request: rungs ask this, not the kind's name."""
+        from experiments.kinds import kind_of
+
+        return kind_of(self.kind).decodes
 
 
 @dataclass(frozen=True)

@@ -127,12 +127,12 @@ def test_a_prompt_longer_than_the_context_is_refused_naming_the_line(qwen, tmp_p
 
 
 def test_a_synthetic_workload_longer_than_the_context_is_refused(qwen, tmp_path):
-    from experiments.kinds import CausalLM
+    from experiments.kinds.causal_lm import CausalLMScorer
     from optimizers.base import Target
 
     cfg = compose([f"data_dir={tmp_path}", "target=folder", f"target.source={qwen}",
                    "target.workload.input_tokens=[200]", "target.workload.output_tokens=[64]"])
-    kind = CausalLM(cfg, Target("q", "causal-lm", qwen), ["def f(x):\n    return x\n" * 2000], None)
+    kind = CausalLMScorer(cfg, Target("q", "causal-lm", qwen), ["def f(x):\n    return x\n" * 2000], None)
     with pytest.raises(ConfigError, match="up to 264 tokens .* context window of 256"):
         kind.workload()
 

@@ -7,6 +7,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+# The stdlib's held-out files, as tiny-llm's build splits them: text no model here trained on.
+DEFAULT_HELDOUT_EVERY = 8
+
 
 @dataclass(frozen=True)
 class Corpus:
@@ -54,3 +57,8 @@ def texts_from(path) -> list[str]:
     if not texts:
         raise ConfigError(f"target.workload.corpus {path} holds no UTF-8 text", "pass a text file or a folder of them")
     return texts
+
+
+def corpus_texts(corpus) -> list[str]:
+    """target.workload.corpus's texts; null: the standard library's held-out files."""
+    return texts_from(corpus) if corpus else Corpus.from_stdlib(DEFAULT_HELDOUT_EVERY).heldout

@@ -1,9 +1,9 @@
 """A user's own Hugging Face folder (saved with `save_pretrained`) as a target: what it is, checked before any work.
 
-The kind comes from the folder: a `*ForCausalLM` architecture is a causal LM; a sentence-transformers folder
-(`modules.json`) or a bare encoder (`*Model`) is an embedding model. Only architectures that the installed
-transformers ships are served: a folder whose config maps to its own code (`auto_map`) would need
-`trust_remote_code`, which ROI Ladder never sets.
+The kind comes from the folder (experiments/kinds: each kind says what its folders hold): a `*ForCausalLM`
+architecture is a causal LM; a sentence-transformers folder (`modules.json`) or a bare encoder (`*Model`) is an
+embedding model. Only architectures that the installed transformers ships are served: a folder whose config
+maps to its own code (`auto_map`) would need `trust_remote_code`, which ROI Ladder never sets.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length",
 @dataclass(frozen=True)
 class ModelFolder:
     path: Path
-    kind: str                 # causal-lm | embedding
+    kind: str                 # a target kind's name (experiments/kinds): causal-lm | embedding
     architecture: str
     context_length: int | None
 
@@ -58,15 +58,15 @@ def inspect(path: Path, kind: str | None = None) -> ModelFolder:
 
 
 def detect_kind(path: Path, architecture: str) -> str:
-    if (path / "modules.json").exists():
-        return "embedding"
-    if architecture.endswith("ForCausalLM"):
-        return "causal-lm"
-    if architecture.endswith("Model"):
-        return "embedding"
-    raise ConfigError(f"model folder {path}: cannot tell its kind from architecture {architecture!r}",
-                      "ROI Ladder serves causal LMs (*ForCausalLM) and encoders (*Model or a sentence-transformers "
-                      "folder); set target.kind if this one is either")
+    """The kind whose folders look like this one (experiments/kinds: each kind says what its folders hold)."""
+    from experiments import kinds
+
+    found = kinds.detect(path, architecture)
+    if found is None:
+        served = " and ".join(kinds.kind_of(name).folders for name in kinds.names())
+        raise ConfigError(f"model folder {path}: cannot tell its kind from architecture {architecture!r}",
+                          f"ROI Ladder serves {served}; set target.kind if this one is either")
+    return found
 
 
 def context_length(config: dict) -> int | None:

@@ -1,25 +1,16 @@
 """Engines that run a candidate's recipe: which class builds it depends on the target's kind and the recipe's
-engine (a causal LM decodes step by step; an encoder runs one forward pass per batch)."""
+engine (a causal LM decodes step by step; an encoder runs one forward pass per batch). Each kind names its
+engine classes (experiments/kinds)."""
 from __future__ import annotations
 
 from importlib import import_module
 from pathlib import Path
 
+from experiments.kinds import kind_of
 from experiments.serving.engine import Engine
 from optimizers.base import Candidate
 
-# (target kind, recipe engine) -> "module:class"; the class takes (cand, threads[, artefact_root]).
-ENGINES = {
-    ("causal-lm", "torch"): "experiments.serving.torch_engine:TorchEngine",
-    ("causal-lm", "onnxruntime"): "experiments.serving.ort_engine:OrtGenaiEngine",
-    ("causal-lm", "openvino"): "experiments.serving.openvino_llm:OpenVinoCausalLM",
-    ("embedding", "torch"): "experiments.serving.encoder:TorchEncoder",
-    ("embedding", "onnxruntime"): "experiments.serving.encoder:OrtEncoder",
-    ("embedding", "openvino"): "experiments.serving.openvino_encoder:OpenVinoEncoder",
-}
 NEEDS_ARTEFACTS = {"onnxruntime", "openvino"}
-# a causal LM in torch with recipe.cuda_graph: the decode step replayed from a captured graph
-CUDA_GRAPH_ENGINE = "experiments.serving.cuda_graph_engine:CudaGraphEngine"
 
 
 def engine_class(cand: Candidate) -> type[Engine]:
@@ -28,12 +19,12 @@ def engine_class(cand: Candidate) -> type[Engine]:
     if ":" in cand.recipe.engine:
         module, cls = cand.recipe.engine.split(":")
         return getattr(import_module(module), cls)
-    key = (cand.target.kind, cand.recipe.engine)
-    if key not in ENGINES:
-        known = ", ".join(e for k, e in ENGINES if k == cand.target.kind)
-        raise ValueError(f"no {cand.recipe.engine!r} engine for a {cand.target.kind} target; known: {known}")
-    graphed = cand.recipe.cuda_graph and key == ("causal-lm", "torch")
-    module, cls = (CUDA_GRAPH_ENGINE if graphed else ENGINES[key]).split(":")
+    kind = kind_of(cand.target.kind)
+    path = kind.engine(cand.recipe)
+    if path is None:
+        raise ValueError(f"no {cand.recipe.engine!r} engine for a {cand.target.kind} target; known: "
+                         f"{', '.join(kind.engines)}")
+    module, cls = path.split(":")
     return getattr(import_module(module), cls)
 
 

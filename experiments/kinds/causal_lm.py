@@ -1,22 +1,67 @@
-"""What differs between target kinds, in one place: the load a kind's requests make, and how a candidate's
-answers are scored against the baseline's.
-
-causal-lm: prompts of mixed input and output lengths; lm-eval tasks run in the candidate's own engine, and the
-next-token drift from the baseline on fixed windows (fidelity). embedding: queries and passages to embed;
-recall@k of queries against passages, and the cosine of each embedding to the fp32 baseline's (fidelity).
-"""
+"""Causal LMs: decoded token by token, so TTFT, TPOT and tokens/s measure them and the rungs that batch decode
+steps, reuse a KV cache or train a smaller decoder apply. Prompts of mixed input and output lengths; lm-eval
+tasks run in the candidate's own engine, and the next-token drift from the baseline on fixed windows
+(fidelity, and generation agreement where target.agreement asks for it)."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.accuracy import AccuracyReport, check_tasks, evaluate
-from experiments.workload import Workload
 from experiments.errors import ConfigError
-from experiments.gate import Criterion
+from experiments.kinds import Kind, load_tokenizer
+from experiments.models.corpus import corpus_texts
 from experiments.models.hf_folder import context_length
-from experiments.task_data import check_offline
+from experiments.names import LATENCY_METRICS
+from experiments.workload import Workload
+
+
+class CausalLMKind(Kind):
+    name = "causal-lm"
+    noun = "causal LM"
+    decodes = True
+    metrics = LATENCY_METRICS
+    engines = {"torch": "experiments.serving.torch_engine:TorchEngine",
+               "onnxruntime": "experiments.serving.ort_engine:OrtGenaiEngine",
+               "openvino": "experiments.serving.openvino_llm:OpenVinoCausalLM"}
+    # torch with recipe.cuda_graph: the decode step replayed from a captured graph
+    cuda_graph_engine = "experiments.serving.cuda_graph_engine:CudaGraphEngine"
+    folders = "causal LMs (*ForCausalLM)"
+    packaged_as = "a text-generation pyfunc"
+
+    def columns(self, top: int) -> list[tuple[str, str, str]]:
+        return [("ttft_ms_p50", "TTFT p50 ms (c=1)", "%.2f"), ("tpot_ms_p50", "TPOT p50 ms (c=1)", "%.3f"),
+                ("tokens_per_s", f"tokens/s (c={top})", "%.0f"), ("accuracy", "accuracy", "%.3f")]
+
+    def engine(self, recipe) -> str | None:
+        if recipe.cuda_graph and recipe.engine == "torch":
+            return self.cuda_graph_engine
+        return super().engine(recipe)
+
+    def claims(self, path: Path, architecture: str) -> bool:
+        return architecture.endswith("ForCausalLM") and not (path / "modules.json").exists()
+
+    def check(self, cfg) -> None:
+        from experiments.accuracy import check_tasks
+
+        if cfg.accuracy.include_path:   # shipped tasks are known once the model is built
+            check_tasks(list(cfg.accuracy.tasks), Path(cfg.accuracy.include_path))
+
+    def folder_texts(self, cfg_target, path: Path) -> list[str]:
+        return corpus_texts(cfg_target.workload.get("corpus"))
+
+    def roofline_shape(self, model_dir: Path):
+        from transformers import AutoConfig
+
+        from experiments.roofline import ModelShape
+
+        return ModelShape.from_config(AutoConfig.from_pretrained(model_dir))
+
+    def scorer(self, cfg, target, texts: list[str], include_path: Path | None) -> "CausalLMScorer":
+        return CausalLMScorer(cfg, target, texts, include_path)
+
+
+KIND = CausalLMKind()
 
 
 @dataclass(frozen=True)
@@ -37,16 +82,18 @@ class Reference:
     generations: object | None       # agreement.BaselineGenerations
 
 
-class CausalLM:
+class CausalLMScorer:
     def __init__(self, cfg, target, texts: list[str], include_path: Path | None):
+        from experiments.accuracy import check_tasks
         from experiments.fidelity import fixed_sequences
+        from experiments.task_data import check_offline
 
         self.cfg, self.texts, self.include_path = cfg, texts, include_path
         self.tasks = list(cfg.accuracy.tasks)
         if self.tasks or include_path is not None:
             check_tasks(self.tasks, include_path)
             check_offline(self.tasks, include_path)
-        self.tokenizer = _tokenizer(target.model_dir)
+        self.tokenizer = load_tokenizer(target.model_dir)
         config = json.loads((Path(target.model_dir) / "config.json").read_text())
         self.context_length = context_length(config)
         self.stop_ids = _stop_ids(config, self.tokenizer)
@@ -73,7 +120,9 @@ class CausalLM:
         return Workload.from_texts(self.texts, self.tokenizer, wl.input_tokens, wl.output_tokens, count,
                                    warmup, cfg.seed, wl.shared_prefix_tokens)
 
-    def score(self, engine, stage, name: str) -> tuple[list[AccuracyReport], Drift]:
+    def score(self, engine, stage, name: str) -> tuple[list, Drift]:
+        """(lm-eval's AccuracyReports, the Drift from the baseline)."""
+        from experiments.accuracy import evaluate
         from experiments.agreement import BaselineGenerations
         from experiments.fidelity import BaselineLogprobs
 
@@ -97,7 +146,8 @@ class CausalLM:
             agreement = ref.generations.compare(engine, st.progress) if ref.generations is not None else None
             return acc, Drift(ref.logprobs.compare(engine, st.progress), agreement)
 
-    def judge(self, drift: Drift) -> list[Criterion]:
+    def judge(self, drift: Drift) -> list:
+        """The gate's criteria (gate.Criterion) on the drift."""
         from experiments import agreement
         from experiments.fidelity import judge
 
@@ -108,68 +158,8 @@ class CausalLM:
         return criteria
 
 
-class Embedding:
-    def __init__(self, cfg, target, texts: list[str], include_path: Path | None):
-        from experiments.models.minilm import RetrievalSet
-
-        self.cfg, self.texts = cfg, texts
-        self.scoring = sc = cfg.target.scoring
-        if not list(sc.recall_at) or any(int(k) < 1 for k in sc.recall_at):
-            raise ConfigError(f"target.scoring.recall_at must list k >= 1, got {list(sc.recall_at)}",
-                              "e.g. target.scoring.recall_at=[1,5]")
-        if not 0 < float(sc.min_cosine_min) <= float(sc.min_cosine_mean) <= 1:
-            raise ConfigError(f"target.scoring cosine bounds must satisfy 0 < min_cosine_min <= min_cosine_mean "
-                              f"<= 1, got {sc.min_cosine_min}, {sc.min_cosine_mean}", "e.g. 0.95 and 0.99")
-        if max(int(k) for k in sc.recall_at) > int(sc.queries):
-            raise ConfigError(f"target.scoring.recall_at {list(sc.recall_at)} asks for more passages than the "
-                              f"{sc.queries} queries have", "keep every k <= target.scoring.queries")
-        self.tokenizer = _tokenizer(target.model_dir)
-        self.retrieval = RetrievalSet.from_stdlib(int(sc.queries), int(cfg.seed))
-        self.reference = None   # the fp32 baseline's embeddings of the same texts, once measured
-
-    def workload(self) -> Workload:
-        wl, cfg = self.cfg.target.workload, self.cfg
-        count = int(wl.get("requests", wl.get("prompts")))
-        return Workload.from_sentences(self.texts, self.tokenizer, count, max(8, cfg.benchmark.warmup_requests),
-                                       cfg.seed, int(wl.max_tokens))
-
-    def score(self, engine, stage, name: str) -> tuple[list[AccuracyReport], object]:
-        from experiments.embedding_eval import BaselineEmbeddings, embed_token_ids, recall_at_k, tokenized
-
-        sc, rs = self.scoring, self.retrieval
-        token_ids = tokenized(self.tokenizer, rs.texts(), int(self.cfg.target.workload.max_tokens))
-        with stage(f"{name}: {len(rs.queries)} queries and their passages embedded in the {engine.name} engine"):
-            # one pass serves both criteria: retrieval, and the cosine of the same embeddings to the baseline's
-            embeddings = embed_token_ids(lambda batch: engine.embed(batch)[0], token_ids, int(sc.batch_size))
-        queries, passages = embeddings[:len(rs.queries)], embeddings[len(rs.queries):]
-        acc = [recall_at_k(queries, passages, rs.relevant, int(k)) for k in sc.recall_at]
-        if self.reference is None:
-            self.reference = BaselineEmbeddings(tuple(map(tuple, token_ids)), int(sc.batch_size), embeddings)
-        return acc, self.reference.against(embeddings)
-
-    def judge(self, report) -> list[Criterion]:
-        from experiments.embedding_eval import judge_cosine
-
-        return [judge_cosine(report, float(self.scoring.min_cosine_mean), float(self.scoring.min_cosine_min))]
-
-
-KINDS = {"causal-lm": CausalLM, "embedding": Embedding}
-
-
-def for_target(cfg, target, texts: list[str], include_path: Path | None):
-    if target.kind not in KINDS:
-        raise ConfigError(f"target.kind {target.kind!r} is unknown", f"use one of: {', '.join(KINDS)}")
-    return KINDS[target.kind](cfg, target, texts, include_path)
-
-
 def _stop_ids(config: dict, tokenizer) -> list[int]:
     """End-of-sequence ids from the model's config (an id or a list) and its tokenizer."""
     eos = config.get("eos_token_id")
     ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     return sorted(ids | ({tokenizer.eos_token_id} - {None}))
-
-
-def _tokenizer(model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)

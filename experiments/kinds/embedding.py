@@ -1,0 +1,96 @@
+"""Embedding models (sentence encoders): one forward pass per request, so E2E and embeddings/s measure them
+and no rung that works on decode steps applies. Queries and passages to embed; recall@k of queries against
+passages, and the cosine of each embedding to the fp32 baseline's (fidelity)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments.errors import ConfigError
+from experiments.kinds import Kind, load_tokenizer
+from experiments.names import ENCODER_METRICS
+from experiments.workload import Workload
+
+
+class EmbeddingKind(Kind):
+    name = "embedding"
+    noun = "encoder"
+    decodes = False
+    metrics = ENCODER_METRICS
+    engines = {"torch": "experiments.serving.encoder:TorchEncoder",
+               "onnxruntime": "experiments.serving.encoder:OrtEncoder",
+               "openvino": "experiments.serving.openvino_encoder:OpenVinoEncoder"}
+    folders = "encoders (*Model or a sentence-transformers folder)"
+
+    def columns(self, top: int) -> list[tuple[str, str, str]]:
+        return [("e2e_ms_p50", "E2E p50 ms (c=1)", "%.2f"), ("tokens_per_s", f"embeddings/s (c={top})", "%.0f"),
+                ("accuracy", "accuracy", "%.3f")]
+
+    def claims(self, path: Path, architecture: str) -> bool:
+        return (path / "modules.json").exists() or architecture.endswith("Model")
+
+    def folder_texts(self, cfg_target, path: Path) -> list[str]:
+        from experiments.models.hf_folder import check_pooling
+        from experiments.models.minilm import RetrievalSet
+
+        check_pooling(path)
+        if isinstance(cfg_target.workload.get("prompts"), str):
+            raise ConfigError(f"target.workload.prompts={cfg_target.workload.prompts} is for a causal LM; {path.name} "
+                              f"is an embedding model, served and scored on the built-in retrieval set so far",
+                              "drop target.workload.prompts for this model")
+        return RetrievalSet.from_stdlib(int(cfg_target.workload.texts), int(cfg_target.workload.seed)).texts()
+
+    # The roofline's ModelShape counts a Llama decoder (gated MLP, LM head, causal attention): an encoder's
+    # bounds would be about 2.4x off for MiniLM, so none is placed rather than a wrong one.
+
+    def scorer(self, cfg, target, texts: list[str], include_path: Path | None) -> "EmbeddingScorer":
+        return EmbeddingScorer(cfg, target, texts, include_path)
+
+
+KIND = EmbeddingKind()
+
+
+class EmbeddingScorer:
+    def __init__(self, cfg, target, texts: list[str], include_path: Path | None):
+        from experiments.models.minilm import RetrievalSet
+
+        self.cfg, self.texts = cfg, texts
+        self.scoring = sc = cfg.target.scoring
+        if not list(sc.recall_at) or any(int(k) < 1 for k in sc.recall_at):
+            raise ConfigError(f"target.scoring.recall_at must list k >= 1, got {list(sc.recall_at)}",
+                              "e.g. target.scoring.recall_at=[1,5]")
+        if not 0 < float(sc.min_cosine_min) <= float(sc.min_cosine_mean) <= 1:
+            raise ConfigError(f"target.scoring cosine bounds must satisfy 0 < min_cosine_min <= min_cosine_mean "
+                              f"<= 1, got {sc.min_cosine_min}, {sc.min_cosine_mean}", "e.g. 0.95 and 0.99")
+        if max(int(k) for k in sc.recall_at) > int(sc.queries):
+            raise ConfigError(f"target.scoring.recall_at {list(sc.recall_at)} asks for more passages than the "
+                              f"{sc.queries} queries have", "keep every k <= target.scoring.queries")
+        self.tokenizer = load_tokenizer(target.model_dir)
+        self.retrieval = RetrievalSet.from_stdlib(int(sc.queries), int(cfg.seed))
+        self.reference = None   # the fp32 baseline's embeddings of the same texts, once measured
+
+    def workload(self) -> Workload:
+        wl, cfg = self.cfg.target.workload, self.cfg
+        count = int(wl.get("requests", wl.get("prompts")))
+        return Workload.from_sentences(self.texts, self.tokenizer, count, max(8, cfg.benchmark.warmup_requests),
+                                       cfg.seed, int(wl.max_tokens))
+
+    def score(self, engine, stage, name: str) -> tuple[list, object]:
+        """(recall@k AccuracyReports, the cosines to the baseline's embeddings)."""
+        from experiments.embedding_eval import BaselineEmbeddings, embed_token_ids, recall_at_k, tokenized
+
+        sc, rs = self.scoring, self.retrieval
+        token_ids = tokenized(self.tokenizer, rs.texts(), int(self.cfg.target.workload.max_tokens))
+        with stage(f"{name}: {len(rs.queries)} queries and their passages embedded in the {engine.name} engine"):
+            # one pass serves both criteria: retrieval, and the cosine of the same embeddings to the baseline's
+            embeddings = embed_token_ids(lambda batch: engine.embed(batch)[0], token_ids, int(sc.batch_size))
+        queries, passages = embeddings[:len(rs.queries)], embeddings[len(rs.queries):]
+        acc = [recall_at_k(queries, passages, rs.relevant, int(k)) for k in sc.recall_at]
+        if self.reference is None:
+            self.reference = BaselineEmbeddings(tuple(map(tuple, token_ids)), int(sc.batch_size), embeddings)
+        return acc, self.reference.against(embeddings)
+
+    def judge(self, report) -> list:
+        """The gate's criteria (gate.Criterion) on the cosines."""
+        from experiments.embedding_eval import judge_cosine
+
+        return [judge_cosine(report, float(self.scoring.min_cosine_mean), float(self.scoring.min_cosine_min))]
