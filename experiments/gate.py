@@ -12,6 +12,7 @@ from experiments.accuracy import AccuracyReport
 from experiments.benchmark import BenchmarkReport
 from experiments.errors import ConfigError
 from experiments.interleaved import check_config as check_interleaved
+from experiments.settings import check_section
 from experiments.stats import min_rounds, ratio_ci, rounds_ratio_ci, summary_stat
 
 TOLERANCES = ("max_drop_abs", "max_drop_rel")
@@ -185,19 +186,9 @@ def accuracy_tolerance(cfg_accuracy, champion_value: float) -> tuple[float, str]
 
 
 def tolerances(cfg_accuracy) -> dict[str, float]:
-    """The tolerances that are set (null = unused), parsed and checked."""
-    found = {}
-    for key in TOLERANCES:
-        raw = cfg_accuracy.get(key)
-        if raw is None:
-            continue
-        value = _number(raw, f"gate.accuracy.{key}", "null to leave it unused")
-        if value < 0:
-            raise ConfigError(f"gate.accuracy.{key}={raw} is negative", "give the largest drop to tolerate, >= 0")
-        if key == "max_drop_rel" and value > 1:
-            raise ConfigError(f"gate.accuracy.max_drop_rel={raw} is more than the champion's whole value",
-                              "give a share of the champion's value: 0.05 tolerates a 5 % relative drop")
-        found[key] = value
+    """The tolerances that are set (null = unused); their types and ranges are experiments/settings.py's,
+    checked by check_config."""
+    found = {key: float(cfg_accuracy[key]) for key in TOLERANCES if cfg_accuracy.get(key) is not None}
     if not found:
         raise ConfigError("gate.accuracy sets no tolerance (max_drop_abs and max_drop_rel are both null)",
                           "set gate.accuracy.max_drop_abs (points, e.g. 0.02) or max_drop_rel (share, e.g. 0.05)")
@@ -205,33 +196,19 @@ def tolerances(cfg_accuracy) -> dict[str, float]:
 
 
 def check_config(cfg_gate) -> None:
-    """Cheap checks of conf/gate before any long work starts."""
-    confidence = _number(cfg_gate.get("confidence"), "gate.confidence", "e.g. 0.95")
-    if not 0 < confidence < 1:
-        raise ConfigError(f"gate.confidence={cfg_gate.confidence} is outside (0, 1)",
-                          "give a confidence level such as 0.95")
+    """Cheap checks of conf/gate before any long work starts: the types and ranges of its numbers (the
+    settings table), then what relates them or is not a number."""
+    check_section(cfg_gate, "gate")
     metric = cfg_gate.accuracy.get("metric")
     if not isinstance(metric, str) or not METRIC_NAME.fullmatch(metric):
         raise ConfigError(f"gate.accuracy.metric {metric!r} is not an lm-eval metric name",
                           "give the per-document metric without a filter suffix, e.g. acc_mutual_info "
                           "(not acc_mutual_info,none)")
     tolerances(cfg_gate.accuracy)
-    if cfg_gate.get("interleaved") is not None:
-        check_interleaved(cfg_gate.interleaved, confidence)
-        if cfg_gate.interleaved.rounds:
-            deviation = _number((cfg_gate.get("consistency") or {}).get("max_deviation"),
-                                "gate.consistency.max_deviation", "the largest tolerated deviation, e.g. 0.25")
-            if deviation <= 0:
-                raise ConfigError(f"gate.consistency.max_deviation={deviation:g} is not above 0",
-                                  "give the largest tolerated deviation of a side's rounds from its own run, "
-                                  "e.g. 0.25")
-
-
-def _number(raw, key: str, hint: str) -> float:
-    try:
-        value = float(raw) if not isinstance(raw, bool) else math.nan
-    except (TypeError, ValueError):
-        value = math.nan
-    if not math.isfinite(value):
-        raise ConfigError(f"{key}={raw!r} is not a finite number", f"give a number ({hint})")
-    return value
+    interleaved = cfg_gate.get("interleaved")
+    if interleaved is not None:
+        check_interleaved(interleaved, float(cfg_gate.confidence))
+        if interleaved.rounds and (cfg_gate.get("consistency") or {}).get("max_deviation") is None:
+            raise ConfigError(f"gate.consistency.max_deviation=None, but gate.interleaved.rounds="
+                              f"{interleaved.rounds} checks each side's rounds against its own recorded run",
+                              "give the largest tolerated deviation of a side's rounds from its own run, e.g. 0.25")

@@ -97,17 +97,12 @@ def measure(runs: dict[str, Callable[[], LevelReport]], rounds: int, concurrency
 
 
 def check_config(cfg_interleaved, confidence: float) -> None:
-    """rounds: 0 (compare with the champion's recorded run) or enough for an exact interval at `confidence`."""
-    rounds, seconds, least = cfg_interleaved.rounds, cfg_interleaved.seconds, cfg_interleaved.min_requests
+    """rounds: 0 (compare with the champion's recorded run) or enough for an exact interval at `confidence`.
+    The settings' types and ranges are the settings table's (experiments/settings.py)."""
+    rounds = cfg_interleaved.rounds
     fewest = min_rounds(confidence)
     if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0 or 0 < rounds < fewest:
         raise ConfigError(f"gate.interleaved.rounds={rounds!r} is not 0 or an integer >= {fewest}",
                           f"0 compares with the champion's recorded run; {fewest} or more re-measure it beside the "
                           f"challenger (the fewest whose signed-rank interval reaches {confidence:.0%}; 8-12 is "
                           f"a good default)")
-    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds <= 0:
-        raise ConfigError(f"gate.interleaved.seconds={seconds!r} is not a positive number",
-                          "give the length of each run in a round, e.g. 2.0")
-    if not isinstance(least, int) or isinstance(least, bool) or least < 1:
-        raise ConfigError(f"gate.interleaved.min_requests={least!r} is not an integer >= 1",
-                          "give the fewest requests per run, e.g. 40")

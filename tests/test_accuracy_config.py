@@ -86,14 +86,15 @@ def test_a_local_task_folder_is_found_and_scored_via_include_path(tmp_path, mode
 
 # --- gate configuration -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("override, words", [
-    ("gate.accuracy.max_drop_abs=abc", "max_drop_abs='abc' is not a finite number"),
-    ("gate.accuracy.max_drop_rel=five", "max_drop_rel='five' is not a finite number"),
-    ("gate.accuracy.max_drop_abs=-0.01", "negative"),
-    ("gate.accuracy.max_drop_rel=5", "share"),
+    # types and ranges: the settings table's words (experiments/settings.py), as the sweep's validation says them
+    ("gate.accuracy.max_drop_abs=abc", "max_drop_abs='abc' is not a number (or null) >= 0"),
+    ("gate.accuracy.max_drop_rel=five", "max_drop_rel='five' is not a number (or null) in [0, 1]"),
+    ("gate.accuracy.max_drop_abs=-0.01", "max_drop_abs=-0.01 is not a number (or null) >= 0"),
+    ("gate.accuracy.max_drop_rel=5", "max_drop_rel=5 is not a number (or null) in [0, 1]"),
     ("gate.accuracy.max_drop_abs=null", "no tolerance"),
-    ("gate.confidence=1.5", "outside (0, 1)"),
-    ("gate.confidence=0", "outside (0, 1)"),
-    ("gate.confidence=high", "not a finite number"),
+    ("gate.confidence=1.5", "gate.confidence=1.5 is not a number in (0, 1)"),
+    ("gate.confidence=0", "gate.confidence=0 is not a number in (0, 1)"),
+    ("gate.confidence=high", "gate.confidence='high' is not a number in (0, 1)"),
     ("gate.accuracy.metric='acc,none'", "without a filter suffix"),
 ])
 def test_bad_gate_config_is_refused_with_what_to_do(override, words):

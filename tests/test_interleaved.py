@@ -164,10 +164,10 @@ def test_measure_alternates_the_order_and_runs_each_run_in_a_fresh_process_of_it
     ({"rounds": 5}, "rounds=5 is not 0 or an integer >= 6"),
     ({"rounds": -2}, "rounds=-2"),
     ({"rounds": "five"}, "rounds='five'"),
-    ({"seconds": 0}, "seconds=0 is not a positive number"),
+    ({"seconds": 0}, "seconds=0 is not a number > 0"),
     ({"min_requests": 0}, "min_requests=0 is not an integer >= 1"),
     ({"rounds": 8, "consistency": None}, "gate.consistency.max_deviation=None"),
-    ({"rounds": 8, "consistency": {"max_deviation": 0}}, "max_deviation=0 is not above 0"),
+    ({"rounds": 8, "consistency": {"max_deviation": 0}}, "max_deviation=0 is not a number > 0"),
 ])
 def test_bad_interleaved_config_is_one_clear_error(change, message):
     from experiments.gate import check_config
