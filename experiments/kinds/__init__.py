@@ -9,7 +9,8 @@ testing the name, so a third kind (a reranker, a vision model) is one module her
 (conf/target/, the rows of its numeric settings in experiments/settings.py), and engine classes where none
 of the existing ones serve it.
 
-This module imports nothing of the project but its errors: the optimizers' Target asks it too.
+Every module in this package is a kind (kind_of finds one by its module's name). This one imports nothing of
+the project but its errors: the optimizers' Target asks it too.
 """
 from __future__ import annotations
 
