@@ -10,7 +10,7 @@ from pathlib import Path
 import mlflow
 from omegaconf import DictConfig
 
-from experiments import kinds, ledger, review, tracking
+from experiments import kinds, ledger, memory_fit, review, tracking
 from experiments.errors import ConfigError, SweepInterrupted
 from experiments.gate import Gate
 from experiments.interrupts import GracefulStop
@@ -25,7 +25,8 @@ from experiments.targets import resolve
 from experiments.ui import EXPERIMENT_KIND, ladder_view_url, run_url, save_ladder_view, ui_base
 from experiments.validation import validate
 from optimizers.base import Env
-from optimizers.placement import resolve_device
+from optimizers.baseline import EagerBaseline
+from optimizers.placement import placed, resolve_device
 
 
 def run_sweep(cfg: DictConfig, ui) -> SweepResult:
@@ -43,6 +44,9 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         target, texts, shipped_tasks = resolve(cfg.target, Path(cfg.cache_dir), data_dir, ui.note,
                                                on_step=lambda done, total: st.progress(done, total, "training",
                                                                                        "steps"))
+    # before the model is loaded: a baseline whose weights would not fit stops the sweep
+    memory_fit.check_baseline(EagerBaseline().apply(placed(target, cfg.target.get("device", "auto"), env)),
+                              cfg.get("hardware", {}).get("memory_bytes"))
     include_path = Path(cfg.accuracy.include_path) if cfg.accuracy.include_path else shipped_tasks
     kind = kinds.for_target(cfg, target, texts, include_path)
     workload = kind.workload()

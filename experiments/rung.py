@@ -10,7 +10,7 @@ import mlflow
 import numpy as np
 from omegaconf import DictConfig
 
-from experiments import contender, interleaved, isolation, soak, tracking
+from experiments import contender, interleaved, isolation, memory_fit, soak, tracking
 from experiments.accuracy import AccuracyReport, mlflow_name
 from experiments.benchmark import BenchmarkReport
 from experiments.capacity import plan
@@ -55,7 +55,8 @@ def climb(name, opt, champion, sweep: Sweep, book: Ledger, key: str) -> RungOutc
             device = sweep.cfg.target.get("device", "auto")
             current = champion.candidate if champion else placed(sweep.target, device, sweep.env)
             opt.observe(champion)
-            reason = opt.check(sweep.env, current)
+            reason = opt.check(sweep.env, current) or memory_fit.refusal(
+                opt.resident(current), sweep.cfg.get("hardware", {}).get("memory_bytes"))
             if champion is None and not isinstance(opt, EagerBaseline):
                 outcome.verdict = Verdict("skipped", "no champion to compare with: the baseline did not complete")
             elif reason:

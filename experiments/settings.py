@@ -144,6 +144,7 @@ SETTINGS = (
     Setting("hardware.seconds", float, POSITIVE, "e.g. hardware.seconds=1.0"),
     Setting("hardware.matmul_size", int, AT_LEAST_ONE, "e.g. 1024"),
     Setting("hardware.copy_bytes", int, AT_LEAST_ONE, "e.g. 268435456"),
+    Setting("hardware.memory_bytes", float, POSITIVE, "bytes, or null for what the device has free", nullable=True),
 )
 
 

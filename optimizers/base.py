@@ -107,6 +107,11 @@ class Optimizer(ABC):
         """The reason this rung does not apply to `cand` here, or None when it does."""
         return self.machine_check(env)
 
+    def resident(self, cand: Candidate) -> Candidate:
+        """The candidate whose weights this rung holds in memory, known before it runs (the sweep refuses a rung
+        whose weights would not fit): what `apply` makes, for rungs whose apply only edits the recipe."""
+        return self.apply(cand)
+
     @abstractmethod
     def apply(self, cand: Candidate) -> Candidate:
         """A new candidate with this rung's change to the recipe."""

@@ -140,6 +140,10 @@ class Distillation(Optimizer):
             f"; resource layer: {ev.resources}" if ev.resources else "")
         return None
 
+    def resident(self, cand: Candidate) -> Candidate:
+        """The teacher: training holds it (the student is smaller), and apply would train."""
+        return cand
+
     def apply(self, cand: Candidate) -> Candidate:
         from experiments.distill import distill
         from experiments.models.corpus import Corpus
