@@ -16,6 +16,7 @@ from experiments.accuracy import AccuracyReport
 from experiments.gate import Criterion
 
 TASK_NAME = "minilm_retrieval"
+USER_TASK_NAME = "retrieval_pairs"   # the user's own query/passage pairs (experiments/retrieval_file.py)
 TIE_TOLERANCE = 1e-9
 
 Embed = Callable[[list[list[int]]], np.ndarray]   # token-id rows -> L2-normalised float32 [B, D]
@@ -51,7 +52,8 @@ def embed_texts(embed: Embed, tokenizer, texts: Sequence[str], batch_size: int =
 
 
 # --- retrieval -------------------------------------------------------------------------------------------
-def recall_at_k(query_emb: np.ndarray, passage_emb: np.ndarray, relevant: Sequence[int], k: int) -> AccuracyReport:
+def recall_at_k(query_emb: np.ndarray, passage_emb: np.ndarray, relevant: Sequence[int], k: int,
+                task: str = TASK_NAME) -> AccuracyReport:
     """Share of queries whose relevant passage ranks in the top k by cosine, with MRR@k alongside.
 
     A tie with the relevant passage counts against it: a collapsed encoder that maps every text to one
@@ -77,8 +79,8 @@ def recall_at_k(query_emb: np.ndarray, passage_emb: np.ndarray, relevant: Sequen
     row = {metric: recall, f"{metric}_stderr": stderr, f"mrr@{k}": mrr, "n_queries": len(hits),
            "n_passages": len(p)}
     return AccuracyReport(
-        task=TASK_NAME, metric=metric, value=recall, stderr=stderr, per_doc=tuple(hits.tolist()),
-        results={"results": {TASK_NAME: row},
+        task=task, metric=metric, value=recall, stderr=stderr, per_doc=tuple(hits.tolist()),
+        results={"results": {task: row},
                  "per_query": {"hit": hits.tolist(), "rank": rank.tolist(), "reciprocal_rank": reciprocal.tolist()}})
 
 

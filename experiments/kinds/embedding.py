@@ -1,6 +1,7 @@
 """Embedding models (sentence encoders): one forward pass per request, so E2E and embeddings/s measure them
-and no rung that works on decode steps applies. Queries and passages to embed; recall@k of queries against
-passages, and the cosine of each embedding to the fp32 baseline's (fidelity)."""
+and no rung that works on decode steps applies. Queries and passages to embed (the built-in retrieval set, or the
+user's file: experiments/retrieval_file.py); recall@k of queries against passages, and the cosine of each
+embedding to the fp32 baseline's (fidelity)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,10 +34,8 @@ class EmbeddingKind(Kind):
         from experiments.models.minilm import RetrievalSet
 
         check_pooling(path)
-        if isinstance(cfg_target.workload.get("prompts"), str):
-            raise ConfigError(f"target.workload.prompts={cfg_target.workload.prompts} is for a causal LM; {path.name} "
-                              f"is an embedding model, served and scored on the built-in retrieval set so far",
-                              "drop target.workload.prompts for this model")
+        if isinstance(cfg_target.workload.get("prompts"), str):   # read by the scorer (experiments/retrieval_file.py)
+            return []
         return RetrievalSet.from_stdlib(int(cfg_target.workload.texts), int(cfg_target.workload.seed)).texts()
 
     # The roofline's ModelShape counts a Llama decoder (gated MLP, LM head, causal attention): an encoder's
@@ -51,6 +50,8 @@ KIND = EmbeddingKind()
 
 class EmbeddingScorer:
     def __init__(self, cfg, target, texts: list[str], include_path: Path | None):
+        from experiments import retrieval_file
+        from experiments.embedding_eval import TASK_NAME, USER_TASK_NAME
         from experiments.models.minilm import RetrievalSet
 
         self.cfg, self.texts = cfg, texts
@@ -61,11 +62,17 @@ class EmbeddingScorer:
         if not 0 < float(sc.min_cosine_min) <= float(sc.min_cosine_mean) <= 1:
             raise ConfigError(f"target.scoring cosine bounds must satisfy 0 < min_cosine_min <= min_cosine_mean "
                               f"<= 1, got {sc.min_cosine_min}, {sc.min_cosine_mean}", "e.g. 0.95 and 0.99")
-        if max(int(k) for k in sc.recall_at) > int(sc.queries):
-            raise ConfigError(f"target.scoring.recall_at {list(sc.recall_at)} asks for more passages than the "
-                              f"{sc.queries} queries have", "keep every k <= target.scoring.queries")
+        self.task, self.extra = TASK_NAME, ()
+        if isinstance(cfg.target.workload.get("prompts"), str):   # the user's own texts, and pairs to retrieve
+            own = retrieval_file.read(Path(cfg.target.workload.prompts))
+            self.texts, self.retrieval, self.extra, self.task = own.texts(), own.retrieval, own.extra, USER_TASK_NAME
+            retrieval_file.check_recall_at(cfg.target.workload.prompts, own, list(sc.recall_at))
+        else:
+            if max(int(k) for k in sc.recall_at) > int(sc.queries):
+                raise ConfigError(f"target.scoring.recall_at {list(sc.recall_at)} asks for more passages than the "
+                                  f"{sc.queries} queries have", "keep every k <= target.scoring.queries")
+            self.retrieval = RetrievalSet.from_stdlib(int(sc.queries), int(cfg.seed))
         self.tokenizer = load_tokenizer(target.model_dir)
-        self.retrieval = RetrievalSet.from_stdlib(int(sc.queries), int(cfg.seed))
         self.reference = None   # the fp32 baseline's embeddings of the same texts, once measured
 
     def workload(self) -> Workload:
@@ -79,12 +86,17 @@ class EmbeddingScorer:
         from experiments.embedding_eval import BaselineEmbeddings, embed_token_ids, recall_at_k, tokenized
 
         sc, rs = self.scoring, self.retrieval
-        token_ids = tokenized(self.tokenizer, rs.texts(), int(self.cfg.target.workload.max_tokens))
-        with stage(f"{name}: {len(rs.queries)} queries and their passages embedded in the {engine.name} engine"):
+        texts = [*(rs.texts() if rs else []), *self.extra]
+        token_ids = tokenized(self.tokenizer, texts, int(self.cfg.target.workload.max_tokens))
+        what = f"{len(rs.queries)} queries and their passages" if rs else ""
+        what = " and ".join(filter(None, [what, f"{len(self.extra)} texts" if self.extra else ""]))
+        with stage(f"{name}: {what} embedded in the {engine.name} engine"):
             # one pass serves both criteria: retrieval, and the cosine of the same embeddings to the baseline's
             embeddings = embed_token_ids(lambda batch: engine.embed(batch)[0], token_ids, int(sc.batch_size))
-        queries, passages = embeddings[:len(rs.queries)], embeddings[len(rs.queries):]
-        acc = [recall_at_k(queries, passages, rs.relevant, int(k)) for k in sc.recall_at]
+        acc = []
+        if rs:   # the recall of the user's pairs, or of the built-in retrieval set
+            queries, passages = embeddings[:len(rs.queries)], embeddings[len(rs.queries):len(rs.texts())]
+            acc = [recall_at_k(queries, passages, rs.relevant, int(k), self.task) for k in sc.recall_at]
         if self.reference is None:
             self.reference = BaselineEmbeddings(tuple(map(tuple, token_ids)), int(sc.batch_size), embeddings)
         return acc, self.reference.against(embeddings)
