@@ -78,3 +78,30 @@ def test_a_quick_sweep_on_a_users_folder(architecture, tmp_path):
     samples = client.download_artifacts(runs["baseline"].info.run_id, "benchmark/samples.csv", str(tmp_path))
     rows = [r for r in csv.DictReader(open(samples)) if not r["error"]]
     assert {int(r["output_tokens"]) for r in rows} <= {16, 32, 64, 12, 8} and 12 in {int(r["output_tokens"]) for r in rows}
+
+
+def test_a_quick_sweep_on_a_users_embedding_folder_with_query_passage_pairs(tmp_path):
+    from experiments.models.minilm import RetrievalSet
+
+    folder = own_models.encoder(tmp_path / "my-encoder")
+    rs = RetrievalSet.from_stdlib(40, seed=5)
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps({"query": q, "passage": p}) + "\n" for q, p in zip(rs.queries, rs.passages))
+                    + json.dumps({"text": "a text that is only embedded"}) + "\n")
+    data = tmp_path / "data"
+    cmd = [sys.executable, "-m", "experiments.cli", "sweep", "profile=quick", "ladder=engine-swap", f"data_dir={data}",
+           "target=folder", f"target.source={folder}", f"target.workload.prompts={path}", "soak.enabled=false"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=os.environ)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{data}/mlflow.db")
+    exp = client.get_experiment_by_name("roi-ladder/my-encoder")
+    runs = {r.data.tags.get("roi.rung"): r for r in client.search_runs([exp.experiment_id])}
+    base, ort = runs["baseline"].data, runs["onnxruntime"].data
+    assert base.tags["roi.verdict"] == "accepted" and ort.tags["roi.verdict"] in ("accepted", "rejected")
+    assert runs[None].data.params["target.kind"] == "embedding"                # the sweep's run: the config
+    # recall@k over the user's 40 pairs, gated against the champion's; cosine over all 81 texts
+    assert 0 <= base.metrics["accuracy/retrieval_pairs/recall_1"] <= base.metrics["accuracy/retrieval_pairs/recall_5"]
+    for criterion in ("accuracy_recall_1", "accuracy_recall_5", "fidelity"):
+        assert ort.tags[f"roi.gate.{criterion}"].startswith("pass"), ort.tags[f"roi.gate.{criterion}"]
+    assert "retrieval_pairs recall@5" in ort.tags["roi.gate.accuracy_recall_5"]
+    assert "over 81 texts" in ort.tags["roi.gate.fidelity"]
