@@ -1,0 +1,41 @@
+"""CI's short sweep on the real pretrained target=smollm2: the baseline and the engine swap, cut to the fewest
+requests and documents that still run every stage but the gate's interleaved rounds (test_interleaved covers
+them); 3 min 20 s here with the shared cache warm. The GGUF conversion (~84 s) and the ONNX export are cached in
+the shared test cache (ROI_LADDER_TEST_CACHE), as tests/test_own_model.py's GGUF test reads it."""
+import os
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import REPO, SHARED_CACHE
+
+pytestmark = pytest.mark.slow
+
+SHORT = ["benchmark.concurrency=[1]", "benchmark.min_requests=4", "benchmark.min_duration_s=0.5",
+         "target.workload.prompts=8", "target.workload.output_tokens=[8]", "target.workload.input_tokens=[16,48]",
+         "accuracy.limit=8", "target.agreement.prompts=4", "target.agreement.tokens=8",
+         "gate.fidelity.sequences=4", "gate.fidelity.length=32", "soak.enabled=false",
+         # the gate compares the recorded runs: six interleaved rounds (the fewest for a 95 % interval) took 161 s
+         # of this test's 6 min here, on a shared machine
+         "gate.interleaved.rounds=0"]
+
+
+def test_a_short_sweep_on_smollm2_records_every_verdict(tmp_path):
+    data = tmp_path / "data"
+    cmd = [sys.executable, "-m", "experiments.cli", "sweep", "target=smollm2", "profile=smollm2", "ladder=engine-swap",
+           f"data_dir={data}", f"cache_dir={SHARED_CACHE}", *SHORT]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=os.environ)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{data}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("roi-ladder/smollm2").experiment_id])
+    rungs = {r.data.tags["roi.rung"]: r.data for r in runs if r.data.tags.get("roi.kind") == "rung"}
+    assert sorted(rungs) == ["baseline", "onnxruntime"]
+    base, ort = rungs["baseline"], rungs["onnxruntime"]
+    assert base.tags["roi.verdict"] == "accepted", base.tags["roi.reason"]
+    assert ort.tags["roi.verdict"] in ("accepted", "rejected"), ort.tags["roi.reason"]
+    assert base.metrics["accuracy/smollm2_capitals/acc"] >= 0 and base.metrics["agreement/share"] == 1.0
+    assert ort.params["recipe.engine"] == "onnxruntime"
+    parent = next(r.data for r in runs if r.data.tags.get("roi.kind") == "sweep")
+    assert parent.tags["roi.champion_rung"] in ("baseline", "onnxruntime")
