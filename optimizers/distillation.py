@@ -79,7 +79,7 @@ class Distillation(Optimizer):
     cost = "high"
     fidelity_gated = False   # a retrained student says other things by design: accuracy judges it
 
-    def __init__(self, student_layers: int, steps: int, seq_len: int, batch_size: int, lr: float,
+    def __init__(self, student_layers: int | None, steps: int, seq_len: int, batch_size: int, lr: float,
                  temperature: float, alpha: float, seed: int, threads: int, cache_dir: str,
                  corpus_heldout_every: int | None, force: bool = False, model_share_min: float = 0.7,
                  resource_rules=None):
@@ -87,7 +87,9 @@ class Distillation(Optimizer):
 
         if not 0 < model_share_min <= 1:
             raise ValueError(f"model_share_min must be in (0, 1], got {model_share_min}")
-        self.settings = DistillSettings(student_layers, steps, seq_len, batch_size, lr, temperature, alpha, seed)
+        self.student_layers = student_layers   # null: half the teacher's layers, known once it is seen
+        self.settings = DistillSettings(student_layers or 1, steps, seq_len, batch_size, lr, temperature, alpha,
+                                        seed)
         self.threads, self.cache_dir = int(threads), Path(cache_dir)
         self.corpus_heldout_every = corpus_heldout_every
         self.force, self.model_share_min = bool(force), float(model_share_min)
@@ -114,12 +116,13 @@ class Distillation(Optimizer):
                     f"({cand.target.kind})")
         if self.name in cand.rungs:
             return "the champion is already a distilled student"
-        teacher_layers = json.loads((Path(cand.target.model_dir) / "config.json").read_text()).get("num_hidden_layers")
-        if not teacher_layers or self.settings.student_layers >= teacher_layers:
-            return (f"student_layers={self.settings.student_layers} is not fewer than the champion's "
-                    f"{teacher_layers} decoder layers")
+        teacher_layers = _decoder_layers(cand)
+        student_layers = self.student_layers_for(teacher_layers)
+        if not teacher_layers or student_layers >= teacher_layers:
+            return (f"student_layers={student_layers} is not fewer than the champion's {teacher_layers} decoder "
+                    f"layers")
         if self.corpus_heldout_every is None:
-            return f"no training text for target {cand.target.name!r} (only the built-in target ships its corpus)"
+            return "no training text: corpus_heldout_every is null (conf/rung/distillation.yaml)"
         if self.force:
             seen = f"{self.evidence.describe_share()}; {self.evidence.describe_sla()}" if self.evidence \
                 else self.no_evidence
@@ -140,6 +143,13 @@ class Distillation(Optimizer):
             f"; resource layer: {ev.resources}" if ev.resources else "")
         return None
 
+    def student_layers_for(self, teacher_layers: int | None) -> int:
+        """student_layers as configured; null: half the teacher's decoder layers (2 of the built-in model's 4,
+        15 of SmolLM2's 30)."""
+        if self.student_layers is not None:
+            return int(self.student_layers)
+        return max(1, int(teacher_layers or 0) // 2)
+
     def resident(self, cand: Candidate) -> Candidate:
         """The teacher: training holds it (the student is smaller), and apply would train."""
         return cand
@@ -150,8 +160,13 @@ class Distillation(Optimizer):
 
         texts = Corpus.from_stdlib(int(self.corpus_heldout_every)).train
         report = self.on_progress
-        self.result = distill(Path(cand.target.model_dir), texts, self.settings, self.cache_dir, self.threads,
+        settings = replace(self.settings, student_layers=self.student_layers_for(_decoder_layers(cand)))
+        self.result = distill(Path(cand.target.model_dir), texts, settings, self.cache_dir, self.threads,
                               log.info, (lambda done, total: report(done, total, "distillation", "steps"))
                               if report else None)
         student = replace(cand.target, model_dir=self.result.path)
         return replace(cand.edited(self.name), target=student)
+
+
+def _decoder_layers(cand: Candidate) -> int | None:
+    return json.loads((Path(cand.target.model_dir) / "config.json").read_text()).get("num_hidden_layers")

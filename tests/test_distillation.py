@@ -235,7 +235,20 @@ def test_rung_is_built_from_its_yaml(tmp_path):
     assert name == "distillation" and isinstance(opt, Distillation) and opt.cost == "high"
     assert opt.cache_dir == Path(cfg.cache_dir) and opt.threads == cfg.threads and opt.settings.seed == cfg.seed
     assert opt.corpus_heldout_every == cfg.target.build.heldout_every and opt.force is False
-    assert opt.settings.student_layers < cfg.target.build.num_layers
+    assert opt.student_layers_for(cfg.target.build.num_layers) == cfg.target.build.num_layers // 2   # null: half
+
+
+def test_any_causal_lm_gets_a_half_depth_student_trained_on_the_stdlibs_training_split():
+    """Not only the built-in model: a target without a training corpus of its own trains on the standard
+    library's files outside the held-out split its prompts and fidelity windows come from."""
+    from experiments.validation import load_rungs
+
+    for target in ("smollm2", "folder"):
+        overrides = ["target.source=/nowhere"] if target == "folder" else []
+        opt = dict(load_rungs(compose([f"target={target}", *overrides])))["distillation"]
+        assert opt.corpus_heldout_every == 8
+        assert opt.student_layers_for(30) == 15 and opt.student_layers_for(1) == 1
+        assert (opt.settings.steps, opt.settings.batch_size) == ((40, 4) if target == "smollm2" else (160, 16))
 
 
 # --- apply: the champion's recipe, run on the student's folder ----------------------------------------------
@@ -267,8 +280,9 @@ def test_default_settings_distill_the_builtin_model_and_run_in_onnxruntime(model
     from experiments.serving import build_engine
 
     cfg = OmegaConf.load(Path(__file__).parent.parent / "conf" / "rung" / "distillation.yaml")
-    settings = DistillSettings(**{k: cfg[k] for k in ("student_layers", "steps", "seq_len", "batch_size", "lr",
-                                                         "temperature", "alpha")}, seed=0)
+    settings = DistillSettings(**{k: cfg[k] for k in ("steps", "seq_len", "batch_size", "lr", "temperature",
+                                                         "alpha")}, seed=0,
+                               student_layers=cfg.student_layers or teacher.config.num_hidden_layers // 2)
     result = distill(model_dir, corpus.train, settings, tmp_path, threads=2, progress=print)
     untrained, _ = init_student(teacher, settings.student_layers)
     kl_before = mean_kl(teacher, untrained.eval(), heldout_windows)
