@@ -98,7 +98,5 @@ def check_load(bench) -> None:
     from experiments.slo import parse_all
 
     slos = parse_all(bench.slos)
-    if bench.mode not in ("closed", "open"):
-        raise ConfigError(f"benchmark.mode {bench.mode!r} is unknown", "use closed or open")
     if bench.sla_search and not slos:
         raise ConfigError("benchmark.sla_search=true needs SLOs", "set benchmark.slos=[p99_e2e_ms<=500]")

@@ -13,6 +13,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from experiments.errors import ConfigError
+from experiments.names import LATENCY_METRICS
+
+STATS = ("mean", "p50", "p95", "p99")      # what a latency series is summarised by (experiments/stats.py)
 
 ABSENT = object()
 INTERVAL = re.compile(r"^(?P<open_low>[\[(])\s*(?P<low>[^,]+?)\s*,\s*(?P<high>[^,]+?)\s*(?P<open_high>[\])])$")
@@ -27,6 +30,11 @@ class Setting:
     nullable: bool = False  # null is a value of its own (e.g. "no limit", "measure it")
     many: bool = False      # a non-empty list of such values
     or_file: bool = False   # a string is a file's path instead, read and checked by its own reader
+    choices: tuple = ()     # a word setting (kind str): one of these; no interval
+
+
+def one_of(key: str, choices: tuple) -> Setting:
+    return Setting(key, str, "", f"use one of {choices}", choices=choices)
 
 
 POSITIVE, NON_NEGATIVE, AT_LEAST_ONE, SHARE = "(0, inf)", "[0, inf)", "[1, inf)", "[0, 1]"
@@ -73,6 +81,9 @@ SETTINGS = (
     Setting("accuracy.limit", int, AT_LEAST_ONE, "null scores every document, e.g. accuracy.limit=200",
             nullable=True),
     Setting("accuracy.batch_size", int, AT_LEAST_ONE, "e.g. accuracy.batch_size=32"),
+    one_of("gate.objective.metric", LATENCY_METRICS),
+    one_of("gate.objective.stat", STATS),
+    one_of("benchmark.mode", ("closed", "open")),
     Setting("gate.min_gain", float, "[0, 1)", "give the share a challenger must beat the champion by: 0.05 asks "
                                               "for 5 % faster; 1 or more would ask for a zero or negative latency"),
     Setting("gate.confidence", float, "(0, 1)", "give a confidence level such as 0.95"),
@@ -194,6 +205,10 @@ def _expand(scope: Scope, pattern: str) -> list[str]:
 def _check(scope: Scope, setting: Setting, key: str) -> None:
     value = scope.select(key)
     if value is ABSENT or (value is None and setting.nullable) or (setting.or_file and isinstance(value, str)):
+        return
+    if setting.choices:
+        if value not in setting.choices:
+            raise ConfigError(f"{key} {_shown(value)} is unknown", setting.hint)
         return
     bounds = INTERVAL.match(setting.interval)
     low, high = _bound(scope, bounds["low"]), _bound(scope, bounds["high"])

@@ -446,3 +446,16 @@ def test_a_multirun_of_refusals_echoes_no_password_and_exits_2(tmp_path):
     assert [line[:25] for line in proc.stderr.splitlines()] == ["error: gate.min_gain=2 is", "error: gate.min_gain=3 is"]
     leaked = [p for p in tmp_path.rglob("*") if p.is_file() and PLANTED in p.read_text(errors="replace")]
     assert not leaked, leaked
+
+
+@pytest.mark.parametrize("override,message", [
+    ("benchmark.mode=half-open", "benchmark.mode 'half-open' is unknown. use one of ('closed', 'open')"),
+    ("gate.objective.stat=p42", "gate.objective.stat 'p42' is unknown. use one of ('mean', 'p50', 'p95', 'p99')"),
+])
+def test_word_settings_are_one_of_their_choices_from_the_settings_table(override, message):
+    from experiments.errors import ConfigError
+    from experiments.settings import check_settings
+
+    with pytest.raises(ConfigError) as err:
+        check_settings(compose([override]), "benchmark.", "gate.")
+    assert str(err.value).startswith(message), str(err.value)
