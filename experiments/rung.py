@@ -55,8 +55,9 @@ def climb(name, opt, champion, sweep: Sweep, book: Ledger, key: str) -> RungOutc
             device = sweep.cfg.target.get("device", "auto")
             current = champion.candidate if champion else placed(sweep.target, device, sweep.env)
             opt.observe(champion)
-            reason = opt.check(sweep.env, current) or memory_fit.refusal(
-                opt.resident(current), sweep.cfg.get("hardware", {}).get("memory_bytes"))
+            held = opt.resident(current)
+            reason = opt.check(sweep.env, current) or (memory_fit.refusal(held, _memory_setting(sweep.cfg))
+                                                       if held else None)
             if champion is None and not isinstance(opt, EagerBaseline):
                 outcome.verdict = Verdict("skipped", "no champion to compare with: the baseline did not complete")
             elif reason:
@@ -125,6 +126,9 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
                 outcome.candidate = cand = opt.apply(current)
             finally:
                 opt.on_progress = None
+        if too_big := memory_fit.refusal(cand, _memory_setting(cfg)):   # before anything is built
+            outcome.verdict = Verdict("skipped", f"not applicable here: {too_big}")
+            return outcome, sweep.kind.reference, sweep.scores
         if cand.target.model_dir != current.target.model_dir:   # the rung made a new model
             tracking.set_tag(Tag.MODEL_DIR, str(cand.target.model_dir))
         mlflow.log_params(tracking.flatten({"recipe": cand.describe()}))
@@ -155,6 +159,10 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
         log.exception("rung %s failed", name)
         outcome.verdict = Verdict("failed", f"{type(exc).__name__}: {str(exc)[:400]}")
     return outcome, sweep.kind.reference, sweep.scores
+
+
+def _memory_setting(cfg):
+    return cfg.get("hardware", {}).get("memory_bytes")
 
 
 def _measure(cand, sweep: Sweep, name: str, apart: contender.Apart) -> contender.Measured:

@@ -107,10 +107,11 @@ class Optimizer(ABC):
         """The reason this rung does not apply to `cand` here, or None when it does."""
         return self.machine_check(env)
 
-    def resident(self, cand: Candidate) -> Candidate:
-        """The candidate whose weights this rung holds in memory, known before it runs (the sweep refuses a rung
-        whose weights would not fit): what `apply` makes, for rungs whose apply only edits the recipe."""
-        return self.apply(cand)
+    def resident(self, cand: Candidate) -> Candidate | None:
+        """The candidate whose weights this rung holds in memory, where it is known before `apply` runs (the
+        sweep refuses it before any work if they would not fit); None: judged on what `apply` makes, in the
+        rung's own process (apply may crash, hang or take long: it never runs in the sweep's)."""
+        return None
 
     @abstractmethod
     def apply(self, cand: Candidate) -> Candidate:

@@ -46,29 +46,58 @@ def test_a_recipe_that_does_not_fit_is_refused_with_both_figures(qwen):
 
 
 def test_a_rung_whose_weights_would_not_fit_is_skipped_before_it_is_built(qwen, tmp_path, monkeypatch):
-    """In climb: the rung's check passes, the memory check skips it, nothing is built."""
+    """In the rung's own process, right after apply: the memory check skips it, nothing is built."""
+    from types import SimpleNamespace
+
     from experiments import rung
-    from experiments.gate import Verdict
     from optimizers.half_precision import HalfPrecision
     from optimizers.quantization import WeightQuantization
 
     params = memory_fit.parameter_count(qwen)
     cfg = compose([f"data_dir={tmp_path}", f"hardware.memory_bytes={int(params * 1.5 * memory_fit.MARGIN)}"])
+    measured = []
+
+    def measure(cand, sweep, name, apart):
+        measured.append(name)
+        raise RuntimeError("measured")
+    monkeypatch.setattr(rung, "_measure", measure)
+    monkeypatch.setattr(rung.mlflow, "log_params", lambda *a: None)
+    monkeypatch.setattr(rung.tracking, "set_tag", lambda *a: None)
+    sweep = SimpleNamespace(cfg=cfg, env=_env(), gate=None, kind=SimpleNamespace(reference=None), scores={},
+                            ui=_Ui(), logs=tmp_path)
+    current = Candidate(Target("q", "causal-lm", qwen))
+    out, _, _ = rung._challenge("half_precision", HalfPrecision(), None, current, sweep, "r1")
+    assert out.verdict.status == "skipped" and "at bf16" in out.verdict.reason, out.verdict.reason
+    assert "hardware.memory_bytes" in out.verdict.reason and measured == []
+    out, _, _ = rung._challenge("int8", WeightQuantization("int8"), None, current, sweep, "r1")   # 1 byte: fits
+    assert measured == ["int8"] and out.verdict.reason == "RuntimeError: measured"
+
+
+def test_the_sweeps_process_never_applies_a_rung_to_check_its_memory(qwen, tmp_path, monkeypatch):
+    """apply may crash or hang: it runs in the rung's own process only (test_resilience's segfault rung once
+    took the sweep down from here)."""
+    from experiments import rung
+    from experiments.gate import Verdict
+    from optimizers.base import Optimizer
+
+    class Crashing(Optimizer):
+        cost = "zero"
+
+        def apply(self, cand):
+            pytest.fail("applied in the sweep's process")
+
     built = []
     monkeypatch.setattr(rung, "_challenge_isolated",
                         lambda name, *a: built.append(name) or rung.RungOutcome(name, Verdict("accepted", "built")))
     monkeypatch.setattr(rung.tracking, "run", _no_run)
     monkeypatch.setattr(rung.tracking, "set_tag", lambda *a: None)
     monkeypatch.setattr(rung.tracking, "set_tags", lambda *a: None)
-    champion = type("Champion", (), {"candidate": Candidate(Target("q", "causal-lm", qwen)),
-                                     "run_id": "r0"})()
+    champion = type("Champion", (), {"candidate": Candidate(Target("q", "causal-lm", qwen)), "run_id": "r0"})()
+    cfg = compose([f"data_dir={tmp_path}", "hardware.memory_bytes=1000"])
     sweep = type("Sweep", (), {"cfg": cfg, "env": _env(), "target": None, "experiment_id": "0"})()
     book = type("Book", (), {"started": lambda *a: None})()
-    out = rung.climb("half_precision", HalfPrecision(), champion, sweep, book, "k")
-    assert out.verdict.status == "skipped" and "at bf16" in out.verdict.reason and "hardware.memory_bytes" in out.verdict.reason
-    assert built == []
-    assert rung.climb("int8", WeightQuantization("int8"), champion, sweep, book, "k").verdict.accepted   # 1 byte
-    assert built == ["int8"]
+    assert rung.climb("crashing", Crashing(), champion, sweep, book, "k").verdict.accepted
+    assert built == ["crashing"]
 
 
 def test_a_baseline_that_does_not_fit_stops_the_sweep_before_the_model_loads(qwen, tmp_path, monkeypatch):
