@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from experiments.kinds import DEFAULT_KIND, kind_of
 from experiments.level import LevelReport
 from experiments.load import run_level
 from experiments.names import Metric
@@ -26,6 +27,7 @@ class BenchmarkReport:
     levels: tuple[LevelReport, ...]
     slos: tuple = ()
     capacity: object | None = None     # slo.CapacityResult when the SLA-capacity search ran
+    kind: str = DEFAULT_KIND           # the workload's: its latencies and throughput
 
     def level(self, concurrency: int) -> LevelReport:
         for lv in self.levels:
@@ -49,12 +51,8 @@ class BenchmarkReport:
                 for name in ("mean", "p50", "p95", "p99"):
                     put(f"{metric}_{name}", c, st.stat(name))
             put("qps", c, lv.qps)
-            if lv.decodes:
-                put("output_tokens_per_s", c, lv.output_tokens_per_s)
-            else:
-                put("embeddings_per_s", c, lv.qps)
-                put("input_tokens_per_s", c, lv.input_tokens_per_s)
-                put("batch_size_mean", c, lv.batch_size_mean)
+            for name, value in kind_of(self.kind).level_metrics(lv).items():
+                put(name, c, value)
             put("error_rate", c, lv.error_rate)
             put("timeout_rate", c, lv.timeout_rate)
             put("requests", c, len(lv.records))
@@ -77,6 +75,7 @@ class BenchmarkReport:
         buf = io.StringIO()
         cols = ["concurrency", "prompt_id", "input_tokens", "output_tokens", Metric.E2E_MS, Metric.TTFT_MS,
                 Metric.TPOT_MS, Metric.QUEUE_MS, Metric.MODEL_MS, Metric.SEND_LAG_MS, "error", "timed_out"]
+        applies = set(kind_of(self.kind).metrics) | {Metric.SEND_LAG_MS}
         w = csv.DictWriter(buf, fieldnames=cols)
         w.writeheader()
         for lv in self.levels:
@@ -85,8 +84,7 @@ class BenchmarkReport:
                        "timed_out": r.timed_out, "input_tokens": len(r.prompt.token_ids),
                        "output_tokens": len(r.token_times)}
                 if r.ok:
-                    row.update({k: round(v, 4) for k, v in r.metrics().items()
-                                if k in cols and (lv.decodes or k not in (Metric.TTFT_MS, Metric.TPOT_MS))})
+                    row.update({k: round(v, 4) for k, v in r.metrics().items() if k in cols and k in applies})
                 w.writerow(row)
         return buf.getvalue()
 
@@ -127,4 +125,4 @@ def run_ladder(server, workload: Workload, cfg, confidence: float = 0.95,
     capacity = None
     if cfg.get("sla_search") and not open_loop:
         capacity = sla_capacity(lambda c: measured.get(c) or measure(c), list(cfg.concurrency), slos)
-    return BenchmarkReport(tuple(measured[k] for k in sorted(measured)), tuple(slos), capacity)
+    return BenchmarkReport(tuple(measured[k] for k in sorted(measured)), tuple(slos), capacity, workload.kind)

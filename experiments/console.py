@@ -107,7 +107,10 @@ def level_table(bench, title: str = "load ladder") -> Table:
 
     table = Table(title=title, caption=f"percentiles: {PERCENTILE_METHOD}; '!' marks a P95 shown for want of "
                                        f"samples for a P99", caption_justify="left")
-    for col in ("load (c or rate)", "n", "err %", "t/o %", "QPS", "tokens/s", "E2E p50/p95/p99 ms", "TTFT p50/p95 ms",
+    from experiments.kinds import kind_of
+
+    kind = kind_of(bench.kind)
+    for col in ("load (c or rate)", "n", "err %", "t/o %", "QPS", kind.throughput_unit, "E2E p50/p95/p99 ms", "TTFT p50/p95 ms",
                 "TPOT p50 ms", "queue %", "CPU %", "flags"):
         table.add_column(col, justify="right" if col not in ("flags",) else "left")
     for lv in bench.levels:
@@ -119,7 +122,7 @@ def level_table(bench, title: str = "load ladder") -> Table:
             (["saturated"] if flags.get("saturated") else [])
         load = f"{lv.offered_qps:g}/s" if lv.offered_qps else str(lv.concurrency)
         table.add_row(load, str(len(lv.records)), f"{lv.error_rate * 100:.1f}",
-                      f"{lv.timeout_rate * 100:.1f}", f"{lv.qps:.1f}", f"{lv.output_tokens_per_s:.0f}",
+                      f"{lv.timeout_rate * 100:.1f}", f"{lv.qps:.1f}", f"{kind.throughput(lv):.0f}",
                       _percentiles(e2e, ("p50", "p95", "p99")), _percentiles(ttft, ("p50", "p95")),
                       f"{tpot.p50.value:.2f}" if tpot else "–", share, f"{lv.cpu_percent_mean:.0f}",
                       ", ".join(bad) or "ok")

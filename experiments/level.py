@@ -80,10 +80,6 @@ class LevelReport:
         return sum(len(r.token_times) for r in self.records if r.ok) / self.duration_s
 
     @property
-    def decodes(self) -> bool:
-        return Metric.TTFT_MS in self.stats
-
-    @property
     def input_tokens_per_s(self) -> float:
         return sum(len(r.prompt.token_ids) for r in self.records if r.ok) / self.duration_s
 

@@ -8,7 +8,6 @@ from experiments.benchmark import BenchmarkReport
 from experiments.fidelity import FidelityReport
 from experiments.gate import Verdict
 from experiments.kinds import DEFAULT_KIND, kind_of
-from experiments.names import Metric
 from optimizers.base import Candidate
 
 
@@ -25,13 +24,12 @@ class RungOutcome:
     champion_before: "RungOutcome | None" = None
 
     def summary(self, top_concurrency: int) -> dict[str, float]:
+        """The ladder table's numbers: each latency's P50 at the first level, the kind's throughput at the top."""
         if self.bench is None:
             return {}
         c1, top = self.bench.levels[0], self.bench.level(top_concurrency)
-        p50 = lambda m: c1.stats[m].p50.value if c1.stats.get(m) else float("nan")  # noqa: E731
-        out = {"e2e_ms_p50": p50(Metric.E2E_MS), "tokens_per_s": top.output_tokens_per_s}
-        if c1.decodes:
-            out.update(ttft_ms_p50=p50(Metric.TTFT_MS), tpot_ms_p50=p50(Metric.TPOT_MS))
+        out = {f"{m}_p50": st.p50.value for m, st in c1.stats.items() if st is not None}
+        out["throughput"] = kind_of(self.bench.kind).throughput(top)
         if self.accuracy:
             out["accuracy"] = self.accuracy[0].value
         return out
@@ -49,8 +47,9 @@ class SweepResult:
 def table_columns(outcomes: list[RungOutcome], top: int) -> list[tuple[str, str, str]]:
     """(summary key, header, format) of the ladder table's measured columns, as the target's kind lays them
     out (TTFT and TPOT for a decoder, E2E and embeddings/s for an encoder)."""
-    first = outcomes[0].candidate if outcomes else None
-    return kind_of(first.target.kind if first is not None else DEFAULT_KIND).columns(top)
+    kind = next((o.bench.kind for o in outcomes if o.bench is not None), None) or \
+        next((o.candidate.target.kind for o in outcomes if o.candidate is not None), DEFAULT_KIND)
+    return kind_of(kind).columns(top)
 
 
 def markdown_table(outcomes: list[RungOutcome], top: int) -> str:

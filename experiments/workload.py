@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from experiments.names import ENCODER_METRICS, LATENCY_METRICS
+from experiments.kinds import DEFAULT_KIND, kind_of
 from experiments.serving.request import Prompt
 
 
@@ -12,11 +12,16 @@ from experiments.serving.request import Prompt
 class Workload:
     prompts: tuple[Prompt, ...]      # measured, in a fixed seeded order
     warmup: tuple[Prompt, ...]       # distinct from the measured ones
-    metrics: tuple[str, ...] = LATENCY_METRICS   # the latency metrics that apply to this kind of request
+    kind: str = DEFAULT_KIND           # the target's kind: which latencies apply, what its throughput is
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The latency metrics that apply to this kind of request."""
+        return kind_of(self.kind).metrics
 
     @classmethod
     def from_sentences(cls, texts: list[str], tokenizer, count: int, warmup_count: int, seed: int,
-                       max_tokens: int) -> "Workload":
+                       max_tokens: int, kind: str) -> "Workload":
         """Texts to embed (queries and passages: a mix of lengths), tokenized with their special tokens and
         truncated to max_tokens, in a seeded order; one output each (the embedding)."""
         if count < 1 or len(texts) < 2:
@@ -25,7 +30,7 @@ class Workload:
         picked = [texts[rng.randrange(len(texts))] for _ in range(count + warmup_count)]
         prompts = [Prompt(i, tuple(tokenizer(text, truncation=True, max_length=max_tokens)["input_ids"]), 1)
                    for i, text in enumerate(picked)]
-        return cls(prompts=tuple(prompts[:count]), warmup=tuple(prompts[count:]), metrics=ENCODER_METRICS)
+        return cls(prompts=tuple(prompts[:count]), warmup=tuple(prompts[count:]), kind=kind)
 
     @classmethod
     def from_texts(cls, texts: list[str], tokenizer, input_tokens, output_tokens, count: int,

@@ -80,7 +80,7 @@ def test_int8_candidate_cosine_is_measured_and_gated(target, tokenizer, tmp_path
 
 
 def test_dynamic_batching_report_fits_an_encoder(target, tokenizer, tmp_path):
-    workload = Workload.from_sentences(RetrievalSet.from_stdlib(50, 1).texts(), tokenizer, 64, 4, 0, 128)
+    workload = Workload.from_sentences(RetrievalSet.from_stdlib(50, 1).texts(), tokenizer, 64, 4, 0, 128, "embedding")
     cand = Candidate(target, Recipe(engine="onnxruntime", batching="dynamic", max_batch=8, max_wait_ms=5))
     engine = build_engine(cand, 2, tmp_path)
     cfg = OmegaConf.create({"concurrency": [1, 8], "warmup_requests": 4, "min_requests": 24, "min_duration_s": 0.2,

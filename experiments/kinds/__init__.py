@@ -34,9 +34,18 @@ class Kind:
     engines: dict[str, str] = {}   # recipe.engine -> "module:Class" of the engine that runs it
     folders: str = ""              # what its Hugging Face folders look like, for the error that finds none
     packaged_as: str | None = None  # what `roi-ladder promote` registers it as; None: not packaged yet
+    throughput_unit: str = ""      # the tables' throughput column: "tokens/s", "embeddings/s"
 
     def columns(self, top: int) -> list[tuple[str, str, str]]:
         """(summary key, header, format) of the ladder table's measured columns."""
+        raise NotImplementedError
+
+    def throughput(self, level) -> float:
+        """One load level's (a level.LevelReport) throughput, in throughput_unit."""
+        raise NotImplementedError
+
+    def level_metrics(self, level) -> dict[str, float]:
+        """What MLflow records of one load level beyond the latencies, rates and resources every kind has."""
         raise NotImplementedError
 
     def engine(self, recipe) -> str | None:

@@ -28,10 +28,17 @@ class CausalLMKind(Kind):
     cuda_graph_engine = "experiments.serving.cuda_graph_engine:CudaGraphEngine"
     folders = "causal LMs (*ForCausalLM)"
     packaged_as = "a text-generation pyfunc"
+    throughput_unit = "tokens/s"
 
     def columns(self, top: int) -> list[tuple[str, str, str]]:
         return [("ttft_ms_p50", "TTFT p50 ms (c=1)", "%.2f"), ("tpot_ms_p50", "TPOT p50 ms (c=1)", "%.3f"),
-                ("tokens_per_s", f"tokens/s (c={top})", "%.0f"), ("accuracy", "accuracy", "%.3f")]
+                ("throughput", f"tokens/s (c={top})", "%.0f"), ("accuracy", "accuracy", "%.3f")]
+
+    def throughput(self, level) -> float:
+        return level.output_tokens_per_s
+
+    def level_metrics(self, level) -> dict[str, float]:
+        return {"output_tokens_per_s": level.output_tokens_per_s}
 
     def engine(self, recipe) -> str | None:
         if recipe.cuda_graph and recipe.engine == "torch":

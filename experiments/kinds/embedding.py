@@ -21,10 +21,18 @@ class EmbeddingKind(Kind):
                "onnxruntime": "experiments.serving.encoder:OrtEncoder",
                "openvino": "experiments.serving.openvino_encoder:OpenVinoEncoder"}
     folders = "encoders (*Model or a sentence-transformers folder)"
+    throughput_unit = "embeddings/s"
 
     def columns(self, top: int) -> list[tuple[str, str, str]]:
-        return [("e2e_ms_p50", "E2E p50 ms (c=1)", "%.2f"), ("tokens_per_s", f"embeddings/s (c={top})", "%.0f"),
+        return [("e2e_ms_p50", "E2E p50 ms (c=1)", "%.2f"), ("throughput", f"embeddings/s (c={top})", "%.0f"),
                 ("accuracy", "accuracy", "%.3f")]
+
+    def throughput(self, level) -> float:
+        return level.qps
+
+    def level_metrics(self, level) -> dict[str, float]:
+        return {"embeddings_per_s": level.qps, "input_tokens_per_s": level.input_tokens_per_s,
+                "batch_size_mean": level.batch_size_mean}
 
     def claims(self, path: Path, architecture: str) -> bool:
         return (path / "modules.json").exists() or architecture.endswith("Model")
@@ -79,7 +87,7 @@ class EmbeddingScorer:
         wl, cfg = self.cfg.target.workload, self.cfg
         count = int(wl.get("requests", wl.get("prompts")))
         return Workload.from_sentences(self.texts, self.tokenizer, count, max(8, cfg.benchmark.warmup_requests),
-                                       cfg.seed, int(wl.max_tokens))
+                                       cfg.seed, int(wl.max_tokens), KIND.name)
 
     def score(self, engine, stage, name: str) -> tuple[list, object]:
         """(recall@k AccuracyReports, the cosines to the baseline's embeddings)."""

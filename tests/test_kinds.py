@@ -1,0 +1,76 @@
+"""A target kind says what its requests measure and what its throughput is; the measuring and reporting code
+asks it, so a third kind is one module in experiments/kinds/ (here a reranker, scoring query/passage pairs)."""
+import sys
+import types
+
+import pytest
+
+from experiments import kinds
+from experiments.benchmark import BenchmarkReport
+from experiments.console import level_table
+from experiments.gate import Verdict
+from experiments.level import LevelReport
+from experiments.names import Metric
+from experiments.outcome import RungOutcome, markdown_table
+from experiments.serving.request import Prompt, RequestRecord
+from experiments.stats import LatencyStats
+
+
+class RerankerKind(kinds.Kind):
+    name = "reranker"
+    metrics = (Metric.E2E_MS, Metric.QUEUE_MS, Metric.MODEL_MS)
+    throughput_unit = "pairs/s"
+
+    def columns(self, top):
+        return [("e2e_ms_p50", "E2E p50 ms (c=1)", "%.2f"), ("throughput", f"pairs/s (c={top})", "%.0f")]
+
+    def throughput(self, level):
+        return 8 * level.qps   # 8 passages scored per request
+
+    def level_metrics(self, level):
+        return {"pairs_per_s": self.throughput(level)}
+
+
+@pytest.fixture
+def reranker(monkeypatch):
+    module = types.ModuleType("experiments.kinds.reranker")
+    module.KIND = RerankerKind()
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(kinds, "names", lambda: ("causal-lm", "embedding", "reranker"))
+    return module.KIND
+
+
+def report(kind: str) -> BenchmarkReport:
+    recs = []
+    for i in range(20):
+        r = RequestRecord(Prompt(i, (1, 2, 3), 1), arrival=0.0, engine_start=0.001, model_s=0.004)
+        r.token_times = [0.005 + i * 1e-4]
+        recs.append(r)
+    level = LevelReport(1, 2.0, tuple(recs), {}, 50.0, 100.0, True)
+    level.stats.update({m: LatencyStats.from_samples(level.values(m)) for m in kinds.kind_of(kind).metrics})
+    return BenchmarkReport((level,), kind=kind)
+
+
+def test_a_third_kind_names_its_throughput_everywhere_without_touching_the_reporting_code(reranker):
+    bench = report("reranker")
+    series = bench.metric_series()
+    assert series["pairs_per_s"] == [(1, 80.0)] and series["qps"] == [(1, 10.0)]
+    assert not [k for k in series if k.startswith(("ttft", "tpot", "output_tokens", "embeddings"))]
+    assert {"e2e_ms_p50", "queue_ms_p50", "model_ms_p50"} <= set(series)
+    header = bench.samples_csv().splitlines()[0].split(",")
+    row = bench.samples_csv().splitlines()[1].split(",")
+    assert row[header.index(Metric.TTFT_MS)] == "" and float(row[header.index(Metric.E2E_MS)]) == 5.0
+
+    outcome = RungOutcome("baseline", Verdict("accepted", "first champion"), bench=bench)
+    assert outcome.summary(1)["throughput"] == 80.0
+    table = markdown_table([outcome], 1)
+    assert "pairs/s (c=1)" in table and "| 80 |" in table
+    assert "pairs/s" in [c.header for c in level_table(bench).columns]
+
+
+def test_the_shipped_kinds_throughput(reranker):
+    decoder, encoder = report("causal-lm"), report("embedding")
+    assert set(decoder.metric_series()) >= {"output_tokens_per_s"} and "embeddings_per_s" not in decoder.metric_series()
+    assert encoder.metric_series()["embeddings_per_s"] == [(1, 10.0)]
+    assert kinds.kind_of("embedding").throughput(encoder.levels[0]) == 10.0
+    assert kinds.kind_of("causal-lm").throughput(decoder.levels[0]) == 10.0   # one token per request here
