@@ -1,10 +1,12 @@
 """How busy the machine is with other work, read while the sweep itself is idle (before it starts and between
 rungs): latencies measured beside other work read high and noisy, and the gate's consistency rule rejects a rung
 whose rounds and recorded runs disagree. Said up front and on every rung, so that a reviewer who reads
-"measurement inconsistent" can see why."""
+"measurement inconsistent" can see why. The sweep's own processes (a rung's child still exiting, its fork
+server, its logging) are not other work: their CPU time is taken out of the machine's."""
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import psutil
@@ -15,15 +17,18 @@ SAMPLE_S = 0.5
 
 @dataclass(frozen=True)
 class MachineLoad:
-    busy_cores: float      # cores' worth of CPU in use over the sample, by anything (the sweep was idle)
+    busy_cores: float      # cores' worth of CPU in use over the sample by processes outside the sweep's tree
     cores: int
     load1: float           # the kernel's 1-minute load average, for comparison with other tools
 
     @classmethod
     def sample(cls, seconds: float = SAMPLE_S) -> "MachineLoad":
         cores = psutil.cpu_count() or 1
-        used = psutil.cpu_percent(interval=seconds) / 100.0 * cores
-        return cls(round(used, 2), cores, round(os.getloadavg()[0], 2))
+        machine, own, start = _busy_seconds(), _own_seconds(), time.monotonic()
+        time.sleep(seconds)
+        elapsed = time.monotonic() - start
+        other = (_busy_seconds() - machine) - (_own_seconds() - own)
+        return cls(round(max(0.0, other / elapsed), 2), cores, round(os.getloadavg()[0], 2))
 
     @property
     def busy(self) -> bool:
@@ -42,3 +47,22 @@ class MachineLoad:
 
     def to_metrics(self) -> dict[str, float]:
         return {"machine/busy_cores": self.busy_cores, "machine/load1": self.load1}
+
+
+def _busy_seconds() -> float:
+    """CPU seconds every core has spent on anything but idling, since boot."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def _own_seconds() -> float:
+    """CPU seconds of this process and every living descendant (one that exits mid-sample counts as other)."""
+    me = psutil.Process()
+    total = 0.0
+    for p in (me, *me.children(recursive=True)):
+        try:
+            t = p.cpu_times()
+        except psutil.Error:          # gone between listing and reading
+            continue
+        total += t.user + t.system
+    return total
