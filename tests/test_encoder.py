@@ -136,7 +136,7 @@ def test_bad_embedding_config_is_refused_before_work(tmp_path):
 
 
 def test_slos_on_latencies_an_encoder_lacks_are_left_out():
-    from experiments.workload import ENCODER_METRICS, LATENCY_METRICS
+    from experiments.names import ENCODER_METRICS, LATENCY_METRICS
     from experiments.slo import applicable, parse_all
 
     slos = parse_all(["p95_ttft_ms<=100", "p99_e2e_ms<=500", "p50_tpot_ms<=5"])

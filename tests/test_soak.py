@@ -1,4 +1,5 @@
 """Soak: known-answer tests of its statistics, its config checks, and real soaks with and without a leak."""
+import mmap
 import random
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -179,10 +180,14 @@ class LeakyEngine:
 
     def __init__(self, inner, mb_per_call: float):
         self.inner, self.bytes = inner, int(mb_per_call * 2**20)
-        self.held: list[np.ndarray] = []
+        self.held: list[mmap.mmap] = []
 
     def generate(self, prompt_ids, max_new_tokens):
-        self.held.append(np.full(self.bytes, 1, np.uint8))   # written, so the pages count in RSS
+        # Fresh anonymous pages, written so that they count in RSS: a malloc'd array may reuse heap pages an
+        # earlier test freed (still resident), and the RSS would not grow (seen once, after the HTTP tests).
+        held = mmap.mmap(-1, self.bytes)
+        np.frombuffer(held, np.uint8)[:] = 1
+        self.held.append(held)
         yield from self.inner.generate(prompt_ids, max_new_tokens)
 
 
