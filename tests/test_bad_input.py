@@ -228,12 +228,14 @@ def numeric_leaves(node, prefix: str = ""):
             yield path
 
 
-# numbers that are not settings a user tunes: a rung's own arguments (checked by its class) and the model build
+# numbers that are not settings a user tunes: a rung's own arguments (checked by its class) and the model build;
+# null words checked by their own readers (a kind by experiments.kinds, a corpus path by its reader)
 NOT_TABLED = ("ladder.*", "target.build.*", "isolation.rungs", "accuracy.include_path", "hardware.peak_*",
-              "benchmark.slos", "diagnosis.next_rung.*")
+              "benchmark.slos", "diagnosis.next_rung.*", "target.workload.corpus",
+              "target.kind")
 
 
-@pytest.mark.parametrize("target", ["tiny-llm", "minilm"])
+@pytest.mark.parametrize("target", ["tiny-llm", "minilm", "smollm2", "folder"])
 def test_every_numeric_setting_in_conf_has_a_type_and_a_range(target):
     from fnmatch import fnmatch
 
@@ -243,7 +245,8 @@ def test_every_numeric_setting_in_conf_has_a_type_and_a_range(target):
     from experiments.settings import SETTINGS
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=["data_dir=/tmp/unused", f"target={target}"])
+        cfg = hydra_compose(config_name="config", overrides=["data_dir=/tmp/unused", f"target={target}",
+                                                             *(["target.source=/tmp/unused"] * (target == "folder"))])
     tabled = [s.key for s in SETTINGS] + list(NOT_TABLED)
     missing = [k for k in numeric_leaves(OmegaConf.to_container(cfg, resolve=True))
                if not any(fnmatch(k, pattern) for pattern in tabled)]
@@ -254,6 +257,8 @@ def test_every_numeric_setting_in_conf_has_a_type_and_a_range(target):
     ("benchmark.concurrency=[abc]", r"benchmark.concurrency must list integers >= 1 and <= 1024 "
                                     r"\(benchmark.max_concurrency\), got \['abc'\]\. e.g. benchmark.concurrency="),
     ("gate.min_gain=2", r"gate.min_gain=2 is not a number in \[0, 1\)\. give the share a challenger must beat"),
+    ("target=smollm2 target.agreement.min_share=2", r"target.agreement.min_share=2 is not a number in \[0, 1\]\. "
+                                                     r"give the share of prompts"),
     ("benchmark.min_duration_s=-1", r"benchmark.min_duration_s=-1 is not a number >= 0 and <= 120 "
                                     r"\(benchmark.max_duration_s\)"),
     ("benchmark.concurrency=[1,100000000]", r"got \[1, 100000000\]\. .*each client is a thread holding requests in "
@@ -270,7 +275,7 @@ def test_every_numeric_setting_in_conf_has_a_type_and_a_range(target):
 ])
 def test_numeric_settings_are_checked_for_type_and_range_before_work(override, message, tmp_path):
     with pytest.raises(ConfigError, match=message):
-        validate(compose([f"data_dir={tmp_path}", override]), CPU)
+        validate(compose([f"data_dir={tmp_path}", *override.split(" ")]), CPU)
 
 
 def test_the_concurrency_ceiling_is_a_setting(tmp_path):
