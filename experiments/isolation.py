@@ -10,6 +10,7 @@ from __future__ import annotations
 import faulthandler
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import select
 import signal
@@ -251,6 +252,8 @@ def _resident_main(conn, setup, log_path: str) -> None:
     except BaseException:
         traceback.print_exc(file=log_file)
         raise
+    finally:
+        _end_own_fork_server()
 
 
 def _child_main(sender, fn, args, log_path: str) -> None:
@@ -263,6 +266,22 @@ def _child_main(sender, fn, args, log_path: str) -> None:
     except BaseException:
         traceback.print_exc(file=log_file)
         raise
+    finally:                      # before this process exits, which the caller waits for
+        _end_own_fork_server()
+
+
+def _end_own_fork_server() -> None:
+    """A child that started children of its own (a rung's measuring processes) started a fork server of its
+    own too. Left alone, it outlives the child and spends a second of a core unloading torch and lm-eval while
+    the next rung starts (the sweep read it as other work on the machine). It runs nothing by now: killed."""
+    server = multiprocessing.forkserver._forkserver     # the stdlib's singleton: no public handle on it
+    if server._forkserver_pid is None:
+        return
+    try:
+        os.kill(server._forkserver_pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    server._stop()                                      # reaps it, forgets its address
 
 
 def _settle_child(sender, log_path: str):

@@ -1,7 +1,9 @@
 """experiments/isolation.py on real faults: each becomes a reason, the caller goes on, nothing is left running."""
+import multiprocessing.forkserver
 import os
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -31,6 +33,21 @@ def report_pid_then_hang(path):
 def test_a_value_comes_back(tmp_path):
     out = isolation.run(double, (21,), LIMITS, tmp_path / "ok.log")
     assert out.value == 42 and out.failure is None and out.peak_rss_bytes >= 0
+
+
+def run_a_child_of_its_own(x, log_dir):
+    inner = isolation.run(double, (x,), LIMITS, Path(log_dir) / "inner.log")
+    return inner.value, multiprocessing.forkserver._forkserver._forkserver_pid
+
+
+def test_a_child_that_ran_children_leaves_no_fork_server_behind(tmp_path):
+    """A rung's process runs its measurements in children from a fork server of its own; left behind, that
+    server spent a core unloading torch while the next rung started, read as other work on the machine."""
+    out = isolation.run(run_a_child_of_its_own, (21, str(tmp_path)), isolation.Limits(120, 2**33, 0.1),
+                        tmp_path / "outer.log")
+    value, server_pid = out.value
+    assert value == 42 and server_pid is not None
+    assert not psutil.pid_exists(server_pid), psutil.Process(server_pid).cmdline()[:3]
 
 
 def test_a_segfault_is_a_reason_with_the_stack(tmp_path):
