@@ -3,7 +3,9 @@
 A segfault, an out-of-memory or a hang in a rung's build or measurements becomes a reason, not the end of the
 sweep. Children come from a fork server that imported the heavy libraries once and never ran a kernel: a fork of
 it is quick and safe (no OpenMP or ONNX Runtime thread pools to inherit), unlike a fork of the sweep itself.
-Only processes this module started are ever ended, each by its own id.
+A child's own children (a rung's measuring processes) come from the same fork server, and the child tells the
+sweep their ids: they count towards the rung's limits and are ended with it. Only processes this module started
+are ever ended, each by its own id.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import faulthandler
 import logging
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
 import select
 import signal
@@ -99,6 +102,7 @@ def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None, on_progr
     try:
         child.start()
         sender.close()
+        progress.started_child(child.pid)
         if on_start:
             on_start(child.pid)
         while True:
@@ -107,7 +111,9 @@ def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None, on_progr
                     status, value = receiver.recv()
                 except (EOFError, OSError):
                     break                      # died without a word: the exit code says how
-                if status != "progress":
+                if status == "child":
+                    watch.adopt(value)
+                elif status != "progress":
                     child.join(30)
                     if status == "raised":
                         raise value
@@ -141,7 +147,14 @@ class _Watch:
 
     def __init__(self, limits: Limits):
         self.limits, self.family, self.peak_rss_bytes = limits, {}, 0
+        self.adopted: list[int] = []     # the child's own children: siblings in the fork server's tree
         self.restart()
+
+    def adopt(self, pid: int) -> None:
+        try:
+            self.adopted.append(psutil.Process(pid))   # kept by object: a reused id is never taken for it
+        except psutil.Error:
+            pass                                         # gone already
 
     def restart(self) -> None:
         self.started = time.monotonic()
@@ -150,7 +163,7 @@ class _Watch:
         return time.monotonic() - self.started
 
     def breach(self, pid: int) -> str | None:
-        rss = _tree_rss(pid, self.family)
+        rss = sum(_tree_rss(p, self.family) for p in (pid, *(p for p in self.adopted if p.is_running())))
         self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
         if rss > self.limits.memory_bytes:
             return (f"memory limit hit: the rung's processes held {rss / 2**30:.2f} GiB resident, over the "
@@ -182,6 +195,7 @@ class Resident:
         try:
             self.child.start()
             child_end.close()
+            progress.started_child(self.child.pid)
             self._answer()                 # built, or why not
             self._signal(signal.SIGSTOP)
         except BaseException:
@@ -252,8 +266,6 @@ def _resident_main(conn, setup, log_path: str) -> None:
     except BaseException:
         traceback.print_exc(file=log_file)
         raise
-    finally:
-        _end_own_fork_server()
 
 
 def _child_main(sender, fn, args, log_path: str) -> None:
@@ -266,28 +278,14 @@ def _child_main(sender, fn, args, log_path: str) -> None:
     except BaseException:
         traceback.print_exc(file=log_file)
         raise
-    finally:                      # before this process exits, which the caller waits for
-        _end_own_fork_server()
 
-
-def _end_own_fork_server() -> None:
-    """A child that started children of its own (a rung's measuring processes) started a fork server of its
-    own too. Left alone, it outlives the child and spends a second of a core unloading torch and lm-eval while
-    the next rung starts (the sweep read it as other work on the machine). It runs nothing by now: killed."""
-    server = multiprocessing.forkserver._forkserver     # the stdlib's singleton: no public handle on it
-    if server._forkserver_pid is None:
-        return
-    try:
-        os.kill(server._forkserver_pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    server._stop()                                      # reaps it, forgets its address
 
 
 def _settle_child(sender, log_path: str):
     """A child's own process group, its death with the sweep, its log; returns the log file."""
     os.setpgrp()                      # a group of its own: what it starts is ended with it, by the group's id
     _die_with_sweep(sender)
+    _ask_the_same_fork_server()
     try:
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")           # out of memory, the kernel ends the rung, not the sweep
@@ -304,6 +302,15 @@ def _settle_child(sender, log_path: str):
     return log_file
 
 
+def _ask_the_same_fork_server() -> None:
+    """This child's own children come from the fork server that forked it (its address and the sweep's liveness
+    pipe came with the fork): one of its own would import torch, lm-eval and matplotlib once more, ~5 s of a core
+    per rung here, and outlive it. Their ids go up to the sweep (progress.started_child)."""
+    server = multiprocessing.forkserver._forkserver     # the stdlib's singleton: no public handle on it
+    if server._forkserver_address is not None and server._forkserver_alive_fd is not None:
+        server.ensure_running = multiprocessing.resource_tracker.ensure_running   # it runs: it forked this one
+
+
 def _die_with_sweep(sender) -> None:
     """End this process, and what it started, when the sweep's end of the result pipe closes: a SIGKILLed
     sweep leaves no rung running on. (The fork server outlives the sweep while a child runs, so the child
@@ -318,11 +325,11 @@ def _die_with_sweep(sender) -> None:
     threading.Thread(target=watch, name="die-with-sweep", daemon=True).start()
 
 
-def _tree_rss(pid: int, family: dict) -> int:
-    """Resident memory of the child and its descendants; each process seen is kept in `family`, so it can be
+def _tree_rss(root: int | psutil.Process, family: dict) -> int:
+    """Resident memory of a process and its descendants; each process seen is kept in `family`, so it can be
     ended later even once it has been handed to init."""
     try:
-        procs = [psutil.Process(pid)]
+        procs = [root if isinstance(root, psutil.Process) else psutil.Process(root)]
         procs += procs[0].children(recursive=True)
     except psutil.Error:
         return 0

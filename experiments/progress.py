@@ -173,6 +173,18 @@ def send(message, *, urgent: bool = False) -> None:
             pass          # the parent is gone or the pipe closed: progress is never worth failing for
 
 
+def started_child(pid: int) -> None:
+    """A measuring child started one of its own, which the fork server forked (experiments/isolation.py): its id
+    goes up, so that it counts towards the limits of this child and is ended with it."""
+    if _channel is None:
+        return
+    with _lock:
+        try:
+            _channel.send(("child", pid))
+        except (OSError, ValueError):
+            pass
+
+
 def send_result(message) -> None:
     """The child's result, on the same pipe: never interleaved with a progress message."""
     with _lock:

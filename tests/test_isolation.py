@@ -35,19 +35,48 @@ def test_a_value_comes_back(tmp_path):
     assert out.value == 42 and out.failure is None and out.peak_rss_bytes >= 0
 
 
-def run_a_child_of_its_own(x, log_dir):
-    inner = isolation.run(double, (x,), LIMITS, Path(log_dir) / "inner.log")
-    return inner.value, multiprocessing.forkserver._forkserver._forkserver_pid
+def run_a_child_of_its_own(log_dir):
+    inner = isolation.run(report_parent, (), LIMITS, Path(log_dir) / "inner.log")
+    return inner.value, os.getppid(), multiprocessing.forkserver._forkserver._forkserver_pid
 
 
-def test_a_child_that_ran_children_leaves_no_fork_server_behind(tmp_path):
-    """A rung's process runs its measurements in children from a fork server of its own; left behind, that
-    server spent a core unloading torch while the next rung started, read as other work on the machine."""
-    out = isolation.run(run_a_child_of_its_own, (21, str(tmp_path)), isolation.Limits(120, 2**33, 0.1),
+def report_parent():
+    return os.getppid()
+
+
+def test_a_childs_own_children_come_from_the_same_fork_server(tmp_path):
+    """A fork server of the child's own imported torch and lm-eval once more per rung (~5 s of a core here),
+    and outlived it, read as other work on the machine when the next rung started."""
+    out = isolation.run(run_a_child_of_its_own, (str(tmp_path),), LIMITS, tmp_path / "outer.log")
+    inner_parent, outer_parent, own_server = out.value
+    assert inner_parent == outer_parent and own_server is None
+
+
+def hold_then_run_a_child_that_holds(gib, pid_file, log_dir):
+    held = bytearray(b"x") * int(gib * 2**30)
+    inner = isolation.run(hold, (gib, pid_file), isolation.Limits(60, int(1.5 * 2**30), 0.1),
+                          Path(log_dir) / "inner.log")
+    return len(held), inner.failure
+
+
+def hold(gib, pid_file):
+    Path(pid_file).write_text(str(os.getpid()))
+    held = bytearray(b"x") * int(gib * 2**30)
+    time.sleep(30)
+    return len(held)
+
+
+def test_a_childs_own_children_count_towards_its_memory_limit_and_end_with_it(tmp_path):
+    pid_file = tmp_path / "inner.pid"
+    limits = isolation.Limits(time_s=60, memory_bytes=int(1.5 * 2**30), poll_s=0.1)
+    out = isolation.run(hold_then_run_a_child_that_holds, (0.8, str(pid_file), str(tmp_path)), limits,
                         tmp_path / "outer.log")
-    value, server_pid = out.value
-    assert value == 42 and server_pid is not None
-    assert not psutil.pid_exists(server_pid), psutil.Process(server_pid).cmdline()[:3]
+    assert out.failure and out.failure.startswith("memory limit hit"), out
+    inner = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(inner) and psutil.Process(inner).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the child's own child outlived it"
+        time.sleep(0.1)
 
 
 def test_a_segfault_is_a_reason_with_the_stack(tmp_path):
