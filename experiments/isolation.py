@@ -147,7 +147,7 @@ class _Watch:
 
     def __init__(self, limits: Limits):
         self.limits, self.family, self.peak_rss_bytes = limits, {}, 0
-        self.adopted: list[int] = []     # the child's own children: siblings in the fork server's tree
+        self.adopted: list[psutil.Process] = []   # the child's own children: its siblings under the fork server
         self.restart()
 
     def adopt(self, pid: int) -> None:
@@ -278,7 +278,6 @@ def _child_main(sender, fn, args, log_path: str) -> None:
     except BaseException:
         traceback.print_exc(file=log_file)
         raise
-
 
 
 def _settle_child(sender, log_path: str):
