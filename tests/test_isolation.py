@@ -74,9 +74,16 @@ def test_a_childs_own_children_count_towards_its_memory_limit_and_end_with_it(tm
     assert out.failure and out.failure.startswith("memory limit hit"), out
     inner = int(pid_file.read_text())
     deadline = time.monotonic() + 5
-    while psutil.pid_exists(inner) and psutil.Process(inner).status() != psutil.STATUS_ZOMBIE:
+    while _alive(inner):
         assert time.monotonic() < deadline, "the child's own child outlived it"
         time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:      # gone between the look-up and the reading
+        return False
 
 
 def test_a_segfault_is_a_reason_with_the_stack(tmp_path):
