@@ -163,7 +163,8 @@ class _Watch:
         return time.monotonic() - self.started
 
     def breach(self, pid: int) -> str | None:
-        rss = sum(_tree_rss(p, self.family) for p in (pid, *(p for p in self.adopted if p.is_running())))
+        self.adopted = [p for p in self.adopted if p.is_running()]     # those that ended are done with
+        rss = sum(_tree_rss(p, self.family) for p in (pid, *self.adopted))
         self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
         if rss > self.limits.memory_bytes:
             return (f"memory limit hit: the rung's processes held {rss / 2**30:.2f} GiB resident, over the "

@@ -165,24 +165,23 @@ def send(message, *, urgent: bool = False) -> None:
     now = time.monotonic()
     if not urgent and now - _last_sent < RELAY_EVERY_S:
         return
-    with _lock:
-        _last_sent = now
-        try:
-            _channel.send(("progress", message))
-        except (OSError, ValueError):
-            pass          # the parent is gone or the pipe closed: progress is never worth failing for
+    _last_sent = now
+    _post("progress", message)
 
 
 def started_child(pid: int) -> None:
     """A measuring child started one of its own, which the fork server forked (experiments/isolation.py): its id
     goes up, so that it counts towards the limits of this child and is ended with it."""
-    if _channel is None:
-        return
+    if _channel is not None:
+        _post("child", pid)
+
+
+def _post(kind: str, value) -> None:
     with _lock:
         try:
-            _channel.send(("child", pid))
+            _channel.send((kind, value))
         except (OSError, ValueError):
-            pass
+            pass          # the parent is gone or the pipe closed: never worth failing for
 
 
 def send_result(message) -> None:
