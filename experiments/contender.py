@@ -77,34 +77,32 @@ ROUNDS_DONE = {True: "each run a fresh build in a fresh process of its own",
 
 
 @contextlib.contextmanager
-def round_runs(sides: dict[str, Candidate], fresh_build_per_run: bool, threads: int, artefacts: Path, workload,
-               load, concurrency: int, confidence: float, apart: Apart, attempt: int, on_build=None):
-    """One callable per side (`who` → a run of one gate round, giving its LevelReport), each measuring alone.
-    Resident (the default): each side built once in a process of its own, stopped between its runs, so its
-    rival's runs happen while nothing of it can run. Fresh: each run a fresh build in a fresh process.
-    on_build(built, of) counts the resident builds."""
+def round_runs(builds: dict, fresh_build_per_run: bool, workload, load, concurrency: int, confidence: float,
+               apart: Apart, attempt: int, on_build=None):
+    """One callable per side (`who` → a run of one gate round, giving its LevelReport), each measuring alone;
+    builds[who]() builds that side's engine (picklable: it runs in the child). Resident (the default): each side
+    built once in a process of its own, stopped between its runs, so its rival's runs happen while nothing of it
+    can run. Fresh: each run a fresh build in a fresh process. on_build(built, of) counts the resident builds."""
     if fresh_build_per_run:
-        count = dict.fromkeys(sides, 0)
+        count = dict.fromkeys(builds, 0)
 
         def fresh(who):
             def one():
                 count[who] += 1
-                return apart.run(f"rounds{attempt}-{who}-{count[who]}", _level_here,
-                                 functools.partial(build_engine, sides[who], threads, artefacts), workload, load,
+                return apart.run(f"rounds{attempt}-{who}-{count[who]}", _level_here, builds[who], workload, load,
                                  concurrency, confidence)
             return one
-        yield {who: fresh(who) for who in sides}
+        yield {who: fresh(who) for who in builds}
         return
     with contextlib.ExitStack() as stack:
         built = {}
-        for who, cand in sides.items():
+        for who, build in builds.items():
             if on_build:
-                on_build(len(built), len(sides))
+                on_build(len(built), len(builds))
             built[who] = stack.enter_context(isolation.Resident(
-                functools.partial(build_engine, cand, threads, artefacts), apart.limits,
-                apart.logs / f"{apart.stem}-rounds{attempt}-{who}.log"))
+                build, apart.limits, apart.logs / f"{apart.stem}-rounds{attempt}-{who}.log"))
         yield {who: functools.partial(_resident_level_run, built[who], workload, load, concurrency, confidence)
-               for who in sides}
+               for who in builds}
 
 
 def _resident_level_run(contender: isolation.Resident, workload, load, concurrency: int,

@@ -2,9 +2,11 @@
 
 Two runs taken minutes apart differ by whatever the machine did in between (a neighbour's job, a thermal step,
 a page-cache flush), and a bootstrap over the requests of each run cannot see that: it is one draw per run.
-Here each round measures every server at the gate's concurrency, in an order that rotates from round to round
-(AB, BA, AB, ... ), and the gate judges the spread of the per-round ratios: a rank-based interval over
-rounds (experiments/stats.py), whose width contains the run-to-run variation instead of assuming it away.
+Here each round measures every server at the gate's concurrency, and the gate judges the spread of the per-round
+ratios: a rank-based interval over rounds (experiments/stats.py), whose width contains the run-to-run variation
+instead of assuming it away. The order is balanced and drawn: in each block of rounds every contender goes first
+once (AB then BA, or BA then AB), so a steady drift hits both sides alike, and the blocks are drawn at random, so
+a disturbance that recurs at a fixed period cannot line up with one side as it could with AB, BA, AB, BA.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from experiments.stats import min_rounds, summary_stat
 class Rounds:
     concurrency: int
     runs: dict[str, tuple[LevelReport, ...]]   # server name -> its level in each round, in round order
+    first: tuple[str, ...] = ()                # who went first in each round
 
     @property
     def count(self) -> int:
@@ -46,9 +49,9 @@ class Rounds:
 
     def to_csv(self, metric: str, stat: str) -> str:
         names = list(self.runs)
-        lines = ["round," + ",".join(f"{n}_{metric}_{stat},{n}_requests" for n in names)]
+        lines = ["round,first," + ",".join(f"{n}_{metric}_{stat},{n}_requests" for n in names)]
         for r in range(self.count):
-            cells = []
+            cells = [self.first[r] if r < len(self.first) else ""]
             for n in names:
                 values = self.runs[n][r].values(metric)
                 cells += [f"{summary_stat(values, stat):.4f}" if len(values) else "", str(len(values))]
@@ -77,23 +80,32 @@ def load_config(cfg_benchmark, cfg_interleaved, concurrency: int):
                                            "min_requests": int(cfg_interleaved.min_requests)})
 
 
-def measure(runs: dict[str, Callable[[], LevelReport]], rounds: int, concurrency: int,
-            on_round=lambda r: None) -> Rounds:
-    """`rounds` rounds; each calls every contender's run once, round r starting with contender r mod n.
+def orders(names: list[str], rounds: int, seed) -> list[list[str]]:
+    """Each round's order: blocks of len(names) rounds in which each contender goes first once (a rotation of
+    `names`), the rotations of a block in an order drawn from `seed`."""
+    rng = np.random.default_rng(seed)
+    n, out = len(names), []
+    while len(out) < rounds:
+        out += [names[s:] + names[:s] for s in rng.permutation(n)]
+    return out[:rounds]
 
-    runs[name]() measures one run of that contender and returns its level: a fresh build in a fresh process of
-    its own (experiments/contender.py), so neither the rival nor anything it left behind runs beside it, and
-    two builds of one recipe, which keep speeds of their own (up to +-7 % for an ONNX Runtime session's life
-    here), are sampled run by run instead of one instance per side.
+
+def measure(runs: dict[str, Callable[[], LevelReport]], rounds: int, concurrency: int,
+            on_round=lambda r: None, seed=0) -> Rounds:
+    """`rounds` rounds; each calls every contender's run once, in the order orders() draws from `seed`.
+
+    runs[name]() measures one run of that contender and returns its level, in a process where that contender is
+    the only engine alive (experiments/contender.py).
     """
     names = list(runs)
     levels: dict[str, list[LevelReport]] = {n: [] for n in names}
-    for r in range(int(rounds)):
+    first = []
+    for r, order in enumerate(orders(names, int(rounds), seed)):
         on_round(r)
-        start = r % len(names)
-        for name in names[start:] + names[:start]:
+        first.append(order[0])
+        for name in order:
             levels[name].append(runs[name]())
-    return Rounds(concurrency, {n: tuple(found) for n, found in levels.items()})
+    return Rounds(concurrency, {n: tuple(found) for n, found in levels.items()}, tuple(first))
 
 
 def check_config(cfg_interleaved, confidence: float) -> None:

@@ -2,7 +2,9 @@
 process of its own, everything logged to the rung's MLflow run."""
 from __future__ import annotations
 
+import functools
 import logging
+import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from experiments.gate import Criterion, Gate, Verdict
 from experiments.ledger import Ledger
 from experiments.names import Tag
 from experiments.outcome import RungOutcome
+from experiments.serving import build_engine
 from experiments.serving.servers import serve
 from experiments.workload import Workload
 from optimizers.base import Candidate, Env
@@ -189,8 +192,8 @@ def _measure(cand, sweep: Sweep, name: str, apart: contender.Apart) -> contender
 
 def _performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate, sweep: Sweep, name: str,
                  apart: contender.Apart) -> list[Criterion]:
-    """The champion re-measured beside the challenger in alternating rounds (gate.interleaved), each run a
-    fresh build in a fresh process; or, with rounds: 0, compared with its recorded run. With rounds, the
+    """The champion re-measured beside the challenger in rounds of a balanced, drawn order (gate.interleaved),
+    each side measured where it is the only engine alive; or, with rounds: 0, compared with its recorded run. With rounds, the
     measurement's consistency is a criterion too: measured again once if it fails, never accepted on it."""
     cfg, gate = sweep.cfg, sweep.gate
     rounds_cfg = cfg.gate.interleaved
@@ -223,7 +226,7 @@ def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart
     rounds_cfg = cfg.gate.interleaved
     threads, artefacts = int(cfg.threads), Path(cfg.cache_dir) / "artefacts"
     load = interleaved.load_config(cfg.benchmark, rounds_cfg, c)
-    title = f"{name}: champion and challenger in {rounds_cfg.rounds} alternating rounds at c={c}{why}"
+    title = f"{name}: champion and challenger in {rounds_cfg.rounds} rounds at c={c}{why}"
     with sweep.ui.stage(title) as st:
         # planned: both sides' runs of `seconds` each; the rate seen (warm-up and drain included) takes over
         planned = 2 * float(rounds_cfg.seconds) * int(rounds_cfg.rounds)
@@ -231,12 +234,15 @@ def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart
         def on_round(r):
             st.progress(r, int(rounds_cfg.rounds), "rounds", planned_s=planned)
 
-        sides = {"champion": champion, "challenger": cand}
-        with contender.round_runs(sides, bool(rounds_cfg.get("fresh_build_per_run", False)), threads, artefacts,
+        builds = {who: functools.partial(build_engine, side, threads, artefacts)
+                  for who, side in (("champion", champion), ("challenger", cand))}
+        with contender.round_runs(builds, bool(rounds_cfg.get("fresh_build_per_run", False)),
                                   sweep.workload, load, c, cfg.gate.confidence, apart, attempt,
                                   on_build=lambda k, n: st.progress(k, n, "builds, each in a process of its own")
                                   ) as runs:
-            return interleaved.measure(runs, int(rounds_cfg.rounds), c, on_round)
+            # the order's seed: the sweep's, the rung and the attempt (a second measurement draws anew)
+            seed = (int(cfg.seed), zlib.crc32(name.encode()), attempt)
+            return interleaved.measure(runs, int(rounds_cfg.rounds), c, on_round, seed)
 
 
 def _log_rounds(rounds: interleaved.Rounds, obj, csv_path: str, metric: str) -> None:

@@ -1,4 +1,4 @@
-"""Champion re-measured beside the challenger in alternating rounds: the statistics, the order, the config."""
+"""Champion re-measured beside the challenger in rounds: the statistics, the order, the config."""
 import functools
 import time
 
@@ -133,7 +133,22 @@ def steady(seconds_per_token):
     return SteadyEngine(seconds_per_token)
 
 
-def test_measure_alternates_the_order_and_runs_each_run_in_a_fresh_process_of_its_own(tmp_path):
+def test_the_order_is_balanced_in_each_block_and_drawn_from_the_seed():
+    names = ["champion", "challenger"]
+    for seed in range(20):
+        order = interleaved.orders(names, 12, seed)
+        assert len(order) == 12 and all(sorted(o) == sorted(names) for o in order)
+        # each pair of rounds: AB BA or BA AB, so each side goes first (and last) equally often
+        assert all({order[i][0], order[i + 1][0]} == set(names) for i in range(0, 12, 2))
+        assert order == interleaved.orders(names, 12, seed)                 # reproducible
+    drawn = {tuple(o[0] for o in interleaved.orders(names, 12, seed)) for seed in range(20)}
+    assert len(drawn) > 10                                                  # not one fixed AB, BA, AB, ...
+    three = interleaved.orders(["a", "b", "c"], 7, 3)
+    assert sorted(o[0] for o in three[:3]) == ["a", "b", "c"] and len(three) == 7
+    assert all(o in (["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]) for o in three)   # rotations
+
+
+def test_measure_follows_the_drawn_order_and_runs_each_run_in_a_fresh_process_of_its_own(tmp_path):
     from experiments import contender, isolation
 
     SteadyEngine.built.clear()
@@ -145,16 +160,18 @@ def test_measure_alternates_the_order_and_runs_each_run_in_a_fresh_process_of_it
     runs = {name: (lambda ms=ms, name=name: contender.in_own_process(
                 functools.partial(steady, ms), apart, workload, load, 2, 0.95, name))
             for name, ms in (("champion", 0.004), ("challenger", 0.001))}
-    rounds = interleaved.measure(runs, 4, 2)
+    rounds = interleaved.measure(runs, 4, 2, seed=7)
     assert rounds.count == 4 and rounds.concurrency == 2
     starts = [(lv.started, name) for name, levels in rounds.runs.items() for lv in levels]
     order = [name for _, name in sorted(starts)]
-    assert order == ["champion", "challenger", "challenger", "champion"] * 2
+    assert order == [name for o in interleaved.orders(list(runs), 4, 7) for name in o]
+    assert list(rounds.first) == order[::2]
     assert all(len(lv.records) >= 5 and lv.duration_s >= 0.05 for levels in rounds.runs.values() for lv in levels)
     ratios = rounds.ratios("challenger", "champion", "e2e_ms", "mean")
     assert np.median(ratios) < 0.8             # a quarter of the compute per token (a loaded machine may upset a round)
     csv = rounds.to_csv("e2e_ms", "mean").splitlines()
-    assert csv[0] == "round,champion_e2e_ms_mean,champion_requests,challenger_e2e_ms_mean,challenger_requests"
+    assert csv[0] == "round,first,champion_e2e_ms_mean,champion_requests,challenger_e2e_ms_mean,challenger_requests"
+    assert csv[1].split(",")[1] == rounds.first[0]
     assert len(csv) == 5
     assert not SteadyEngine.built       # no engine was ever built in this process: each run built its own
 

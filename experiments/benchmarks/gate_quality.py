@@ -1,8 +1,8 @@
 """`make bench-gate`: does the gate decide right on real measurements of the built-in model? Rates in one run.
 
 The gate from conf/ (the thresholds and the interleaved rounds the ladder uses) judges real runs:
-(a) A/A: the same configuration measured twice (two engines built from one recipe, measured in alternating
-    rounds) -> share judged "no significant change": not accepted, and the ratio CI claims no slowdown
+(a) A/A: the same configuration measured twice (two engines built from one recipe, built and measured in
+    rounds as the ladder does) -> share judged "no significant change": not accepted, and the ratio CI claims no slowdown
     (goal >= 95 %);
 (b) an injected 10 % slowdown (each decode step busy-waits 10 % of its own measured compute)
     -> share rejected with the ratio CI above 1 (goal >= 95 %);
@@ -151,24 +151,24 @@ def setup(console):
 
 def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, concurrency: int, console):
     """N trials of the gate's interleaved rounds over three contenders built from one recipe (champion, the
-    same again, slowed), a fresh build for every run as in the ladder. Also judged the old way: round 0's runs
-    alone, a bootstrap over their requests."""
+    same again, slowed), built and measured as the ladder does (conf/gate's fresh_build_per_run: by default
+    each built once per trial in a process of its own, stopped while another runs; the order drawn per trial).
+    Also judged the old way: round 0's runs alone, a bootstrap over their requests."""
     ort = OnnxRuntimeSwap().apply(base)
     artefacts = Path(cfg.cache_dir) / "artefacts"
     load = OmegaConf.merge(cfg.benchmark, {"slos": [], "sla_search": False, "max_duration_s": 60.0})
     load = interleaved.load_config(load, cfg.gate.interleaved, concurrency)
     trials = []
     threads = int(cfg.threads)
-    # each run a fresh build in a fresh process of its own, as in the ladder
     apart = contender.Apart(isolation.Limits(3600, 2**34, 0.2), Path(cfg.data_dir) / "logs" / "bench-gate", "run")
     builds = {"champion": partial(build_engine, ort, threads, artefacts),
               "same": partial(build_engine, ort, threads, artefacts),
               "slowed": partial(slowed_build, ort, threads, artefacts, SLOWDOWN)}
-    runs = {name: partial(contender.in_own_process, build, apart, workload, load, concurrency, cfg.gate.confidence,
-                          name) for name, build in builds.items()}
+    fresh = bool(cfg.gate.interleaved.get("fresh_build_per_run", False))
     for i in range(n):
-        with OtherLoad() as load_meter:
-            rounds = interleaved.measure(runs, int(cfg.gate.interleaved.rounds), concurrency)
+        with OtherLoad() as load_meter, contender.round_runs(builds, fresh, workload, load, concurrency,
+                                                             cfg.gate.confidence, apart, i) as runs:
+            rounds = interleaved.measure(runs, int(cfg.gate.interleaved.rounds), concurrency, seed=(cfg.seed, i))
         single = {k: BenchmarkReport((levels[0],)) for k, levels in rounds.runs.items()}
         trials.append(Trial(same=gate.interleaved(rounds, "same", "champion"),
                             slowed=gate.interleaved(rounds, "slowed", "champion"),
