@@ -117,6 +117,42 @@ def test_a_challenger_off_its_own_load_ladder_is_inconsistent_at_the_tolerance_e
     assert not crit.passed and "challenger e2e_ms mean 63.0 in the rounds vs 50.0 in its own run (+26%" in crit.detail
 
 
+def test_both_sides_beyond_the_tolerance_by_one_factor_are_the_machines_drift_and_consistent():
+    # a fresh clone's make sweep (5fa2dca): the machine ~40 % faster in the rounds than at the baseline's own run;
+    # onnxruntime's 12x gain was rejected as inconsistent when each side was judged alone
+    crit = Gate(CONSISTENT).consistency(rounds_at(748, 59), bench_with_e2e([1289] * 20), bench_with_e2e([100] * 20))
+    assert crit.passed, crit.detail
+    assert crit.numbers["champion_deviation"] == pytest.approx(748 / 1289 - 1)          # -42 %
+    assert crit.numbers["challenger_deviation"] == pytest.approx(-0.41)
+    assert crit.numbers["relative_deviation"] == pytest.approx(0.59 / (748 / 1289) - 1)  # +2 %
+    assert crit.detail.startswith("consistent: both sides moved together (champion -42%, challenger -41%")
+
+
+@pytest.mark.parametrize("relative, passed", [
+    (1.25, True),      # both beyond, the challenger +25 % relative to the champion: the edge
+    (1.26, False),
+    (0.801, True),     # -20 %: 1/1.25, the same distance on a log scale
+    (0.79, False),
+])
+def test_how_far_both_sides_may_move_apart_is_the_tolerance_on_a_log_scale(relative, passed):
+    crit = Gate(CONSISTENT).consistency(rounds_at(748, 100 * 748 / 1289 * relative), bench_with_e2e([1289] * 20),
+                                        bench_with_e2e([100] * 20))
+    assert crit.passed is passed, crit.detail
+    assert crit.numbers["relative_deviation"] == pytest.approx(relative - 1)
+
+
+def test_one_side_beyond_the_tolerance_alone_is_inconsistent_and_says_it_was_not_a_drift_of_both():
+    # the champion 40 % faster than its own run, the challenger as in its own: not the machine, something else
+    crit = Gate(CONSISTENT).consistency(rounds_at(60, 50), bench_with_e2e([100] * 20), bench_with_e2e([50] * 20))
+    assert not crit.passed
+    assert crit.detail == ("measurement inconsistent: champion e2e_ms mean 60.0 in the rounds vs 100.0 in its own run "
+                           "(-40%, beyond ±25%); not a drift of both: the challenger +67% relative to the champion")
+    # both beyond the tolerance, in opposite directions: inconsistent too
+    crit = Gate(CONSISTENT).consistency(rounds_at(58, 78), bench_with_e2e([100] * 20), bench_with_e2e([60] * 20))
+    assert not crit.passed and crit.detail.endswith("not a drift of both: the challenger +124% relative to the champion")
+    assert crit.numbers["relative_deviation"] == pytest.approx((78 / 60) / 0.58 - 1)
+
+
 def test_a_gain_only_the_rounds_show_is_inconsistent_even_within_the_tolerance():
     # each side within 25 % of its own run, but recorded the challenger is slower: tables and verdict would disagree
     crit = Gate(CONSISTENT).consistency(rounds_at(110, 90), bench_with_e2e([95] * 20), bench_with_e2e([100] * 20))
