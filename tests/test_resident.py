@@ -11,11 +11,15 @@ LIMITS = isolation.Limits(time_s=60, memory_bytes=2**33, poll_s=0.05)
 
 def _ticking(path):
     """Built once: a thread that writes the time to `path` every 10 ms, left running between calls."""
+    import os
     import threading
 
     def tick():
+        fresh = path.with_suffix(".new")
         while True:
-            path.write_text(repr(time.monotonic()))
+            # written aside and renamed: a stop between write_text's truncate and its write would leave ''
+            fresh.write_text(repr(time.monotonic()))
+            os.replace(fresh, path)
             time.sleep(0.01)
     threading.Thread(target=tick, daemon=True).start()
     return path
