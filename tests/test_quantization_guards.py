@@ -28,6 +28,16 @@ def test_int8_on_a_bf16_torch_champion_is_refused_with_the_reason():
     assert WeightQuantization("int8").check(CPU, onnx_bf16) is None   # quantizes from its fp32 export
 
 
+def test_int8_on_a_compiled_torch_champion_is_refused_with_the_reason():
+    # a fresh make sweep (1bf1831) kept torch_compile, then its int8 rung crashed minutes in: every quantized
+    # projection broke dynamo's graph and the decode recompiled past its limit (FailOnRecompileLimitHit)
+    compiled = Candidate(TARGET, Recipe(compile="inductor"), ("baseline", "torch_compile"))
+    reason = WeightQuantization("int8").check(CPU, compiled)
+    assert "breaks dynamo's graph" in reason and "ONNX Runtime" in reason
+    on_cuda = Candidate(TARGET, Recipe(compile="inductor", execution_provider="cuda"), ("baseline",))
+    assert WeightQuantization("int8").check(H100, on_cuda) is None      # torchao's int8 on CUDA: no such refusal
+
+
 def test_torch_engine_refuses_bf16_int8_before_serving(tiny_target):
     from experiments.serving.torch_engine import TorchEngine
 

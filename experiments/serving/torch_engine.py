@@ -36,7 +36,8 @@ class TorchEngine(Engine):
         if recipe.compile == "tensorrt" and recipe.execution_provider != "cuda":
             return "TensorRT needs a CUDA device"
         return (genai_batching(recipe) or continuous_refusal(recipe) or unpaged_prefix(recipe)
-                or torch_refusal(recipe.quantization, recipe.precision, recipe.execution_provider))
+                or torch_refusal(recipe.quantization, recipe.precision, recipe.execution_provider,
+                                 recipe.compile))
 
     def __init__(self, cand: Candidate, threads: int):
         from transformers import AutoModelForCausalLM, AutoTokenizer

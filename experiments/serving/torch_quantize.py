@@ -11,8 +11,9 @@ import torch
 SCHEMES = ("int8", "int4", "fp8")
 
 
-def torch_refusal(scheme: str, precision: str, device_type: str) -> str | None:
-    """Why torch cannot quantize a model held at `precision` on `device_type` with `scheme`, or None."""
+def torch_refusal(scheme: str, precision: str, device_type: str, compile_mode: str = "none") -> str | None:
+    """Why torch cannot quantize a model held at `precision` on `device_type` (compiled with `compile_mode`)
+    with `scheme`, or None."""
     if scheme == "none":
         return None
     if scheme not in SCHEMES:
@@ -25,6 +26,10 @@ def torch_refusal(scheme: str, precision: str, device_type: str) -> str | None:
         return (f"torch's dynamic int8 Linear quantizes fp32 weights and takes fp32 activations; the champion runs "
                 f"{precision} (its other layers would feed it {precision}): int8 in torch on CPU needs an fp32 "
                 f"champion (ONNX Runtime and OpenVINO quantize from the fp32 export)")
+    if scheme == "int8" and device_type == "cpu" and compile_mode != "none":
+        return (f"torch's dynamic int8 Linear (torch.ao) breaks dynamo's graph at every projection: compiled "
+                f"({compile_mode}), the decode recompiles past dynamo's limit (FailOnRecompileLimitHit, seen on the "
+                f"built-in model); int8 on CPU runs in ONNX Runtime or OpenVINO, or on an eager torch champion")
     if scheme == "int4" and device_type == "cuda" and precision != "bf16":
         return (f"torchao's int4 kernel here (tinygemm, tile-packed layout) computes in bf16 only; the champion "
                 f"runs {precision}: set the half_precision rung's cuda_dtype: bf16")
