@@ -99,8 +99,9 @@ class Gate:
         `consistency.max_deviation` on each side, or beyond it on both sides together, the two having moved
         by the same factor within that tolerance (the machine's own speed drifts by up to a third over minutes
         here; the rounds, measured side by side, cancel what moved both). A side that moved alone means the
-        rounds measured something else than the configurations (a disturbed process, a neighbour). And a gain
-        the rounds show must show in the recorded runs too."""
+        rounds measured something else than the configurations (a disturbed process, a neighbour), unless the
+        recorded runs alone pass the performance criterion too: then two independent measurements show the
+        gain, and only its size is in doubt. And a gain the rounds show must show in the recorded runs too."""
         obj, c = self.cfg.objective, rounds.concurrency
         tolerance = float(self.cfg.consistency.max_deviation)
         sides = {"champion": (champion_name, champion), "challenger": (challenger_name, challenger)}
@@ -121,10 +122,16 @@ class Gate:
         numbers.update({"recorded_ratio": recorded_ratio, "rounds_ratio_median": rounds_ratio,
                         "relative_deviation": relative, "max_deviation": tolerance})
         moved = (f"champion {numbers['champion_deviation']:+.0%}, challenger {numbers['challenger_deviation']:+.0%}")
+        recorded = self.performance(champion, challenger) if off and not together else None
         if off and together:
             off, how = [], (f"consistent: both sides moved together ({moved}: the machine's speed, which the "
                             f"rounds cancel), the challenger {relative:+.0%} relative to the champion, within "
                             f"±{tolerance:.0%}")
+        elif recorded is not None and recorded.passed:
+            numbers.update({"recorded_ratio_ci_high": recorded.numbers["ratio_ci_high"]})
+            off, how = [], (f"consistent in its verdict: the sides moved apart ({moved}; the challenger "
+                            f"{relative:+.0%} relative to the champion), but the recorded runs alone show the gain "
+                            f"too ({recorded.detail})")
         else:
             how = f"consistent: each side within ±{tolerance:.0%} of its own run ({moved})"
             if off:

@@ -110,11 +110,12 @@ def test_a_champion_slowed_in_the_rounds_makes_the_comparison_invalid_with_both_
 
 
 def test_a_challenger_off_its_own_load_ladder_is_inconsistent_at_the_tolerance_edge():
+    # recorded, the challenger is 5 % faster: not the gain the performance criterion needs on its own
     gate = Gate(CONSISTENT)
-    champion = bench_with_e2e([100] * 20)
-    assert gate.consistency(rounds_at(100, 62.5), champion, bench_with_e2e([50] * 20)).passed      # +25 %: within
-    crit = gate.consistency(rounds_at(100, 63), champion, bench_with_e2e([50] * 20))
-    assert not crit.passed and "challenger e2e_ms mean 63.0 in the rounds vs 50.0 in its own run (+26%" in crit.detail
+    champion, challenger = bench_with_e2e([100] * 20), bench_with_e2e([96] * 20)
+    assert gate.consistency(rounds_at(100, 120), champion, challenger).passed      # +25 %: within
+    crit = gate.consistency(rounds_at(100, 121), champion, challenger)
+    assert not crit.passed and "challenger e2e_ms mean 121.0 in the rounds vs 96.0 in its own run (+26%" in crit.detail
 
 
 def test_both_sides_beyond_the_tolerance_by_one_factor_are_the_machines_drift_and_consistent():
@@ -129,28 +130,41 @@ def test_both_sides_beyond_the_tolerance_by_one_factor_are_the_machines_drift_an
 
 
 @pytest.mark.parametrize("relative, passed", [
-    (1.25, True),      # both beyond, the challenger +25 % relative to the champion: the edge
+    (1.249, True),     # both beyond, the challenger +25 % relative to the champion: the edge
     (1.26, False),
     (0.801, True),     # -20 %: 1/1.25, the same distance on a log scale
     (0.79, False),
 ])
 def test_how_far_both_sides_may_move_apart_is_the_tolerance_on_a_log_scale(relative, passed):
-    crit = Gate(CONSISTENT).consistency(rounds_at(748, 100 * 748 / 1289 * relative), bench_with_e2e([1289] * 20),
-                                        bench_with_e2e([100] * 20))
+    crit = Gate(CONSISTENT).consistency(rounds_at(748, 1250 * 748 / 1289 * relative), bench_with_e2e([1289] * 20),
+                                        bench_with_e2e([1250] * 20))      # recorded, 3 % faster: no gain alone
     assert crit.passed is passed, crit.detail
     assert crit.numbers["relative_deviation"] == pytest.approx(relative - 1)
 
 
 def test_one_side_beyond_the_tolerance_alone_is_inconsistent_and_says_it_was_not_a_drift_of_both():
     # the champion 40 % faster than its own run, the challenger as in its own: not the machine, something else
-    crit = Gate(CONSISTENT).consistency(rounds_at(60, 50), bench_with_e2e([100] * 20), bench_with_e2e([50] * 20))
+    champion, challenger = bench_with_e2e([100] * 20), bench_with_e2e([97] * 20)   # recorded: no gain alone
+    crit = Gate(CONSISTENT).consistency(rounds_at(60, 97), champion, challenger)
     assert not crit.passed
     assert crit.detail == ("measurement inconsistent: champion e2e_ms mean 60.0 in the rounds vs 100.0 in its own run "
                            "(-40%, beyond ±25%); not a drift of both: the challenger +67% relative to the champion")
     # both beyond the tolerance, in opposite directions: inconsistent too
-    crit = Gate(CONSISTENT).consistency(rounds_at(58, 78), bench_with_e2e([100] * 20), bench_with_e2e([60] * 20))
+    crit = Gate(CONSISTENT).consistency(rounds_at(58, 126.1), champion, challenger)
     assert not crit.passed and crit.detail.endswith("not a drift of both: the challenger +124% relative to the champion")
-    assert crit.numbers["relative_deviation"] == pytest.approx((78 / 60) / 0.58 - 1)
+    assert crit.numbers["relative_deviation"] == pytest.approx((126.1 / 97) / 0.58 - 1)
+
+
+def test_sides_that_moved_apart_are_valid_when_the_recorded_runs_alone_show_the_gain():
+    # a fresh make sweep (1bf1831): onnxruntime 277 ms in its own run against the compiled champion's 1700 ms,
+    # 377 ms in the rounds against 1570: the size of the gain is in doubt, not the gain
+    crit = Gate(CONSISTENT).consistency(rounds_at(1570, 377), bench_with_e2e(list(np.linspace(1600, 1800, 20))),
+                                        bench_with_e2e(list(np.linspace(260, 294, 20))))
+    assert crit.passed, crit.detail
+    assert crit.detail.startswith("consistent in its verdict: the sides moved apart (champion -8%, challenger +36%; "
+                                  "the challenger +47% relative to the champion), but the recorded runs alone show "
+                                  "the gain too (e2e_ms mean @c=1 ratio 0.163 [")
+    assert crit.numbers["recorded_ratio_ci_high"] < 0.95
 
 
 def test_a_gain_only_the_rounds_show_is_inconsistent_even_within_the_tolerance():
