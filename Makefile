@@ -99,9 +99,10 @@ bench-gpu: setup
 gpu-resolve:
 	$(PYTHON) -m pip install --dry-run --ignore-installed -e '.[dev,gpu]' $(INDEX_gpu)
 
-# Does the gate decide right? A/A, an injected 10 % slowdown and an injected accuracy drop, judged by the
-# gate from conf/ (the demo profile's 8 x 0.5 s rounds: ~11 min on 2 cores; ARGS="--rounds 20 --seconds 1"
-# for conf/gate's default: ~29 min; ARGS="--quick" for a ~2-minute smoke run, or ARGS="--n 40").
+# Does the gate decide right? A/A, an injected 10 % slowdown, an injected accuracy drop and a harmless change,
+# judged by the gate from conf/ (the demo profile's 8 x 0.5 s rounds: ~11 min on 2 cores; ARGS="--rounds 20
+# --seconds 1" for conf/gate's default: ~29 min; ARGS="--quick" for a ~2-minute smoke run, "--n 59" for 95 %
+# lower bounds that can reach 95 %, "--part accuracy" or "--part performance" for one half, "--profile quick").
 bench-gate: setup
 	$(BIN)/python -m experiments.benchmarks.gate_quality $(ARGS)
 

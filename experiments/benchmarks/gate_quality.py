@@ -9,6 +9,8 @@ The gate from conf/ (the thresholds and the interleaved rounds the ladder uses) 
 (c) an injected accuracy drop (Gaussian noise on the decoder's weights, scale calibrated to cost ~2 points of
     the gate's metric) -> share the gate rejects over N noise seeds (goal >= 95 %): its accuracy criterion
     (lm-eval, paired z-test) and its fidelity criterion (KL / top-1 against the clean model), each shown.
+(d) a harmless change (the same noise at a quarter of (c)'s scale: answers flip per document, the mean does not
+    drop — what a good int8 does) -> share the gate accepts on both criteria (goal >= 90 %).
 For contrast, the same runs judged the old way: one run each, a bootstrap over their requests.
 """
 from __future__ import annotations
@@ -25,19 +27,19 @@ from pathlib import Path
 
 import numpy as np
 import psutil
-import torch
 from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 from scipy import stats
 
 from experiments import contender, interleaved, isolation
-from experiments.accuracy import evaluate
 from experiments.benchmark import BenchmarkReport
 from experiments.workload import Workload
 from experiments.benchmarks.common import compose_default
+from experiments.benchmarks.gate_accuracy import (CALIBRATION_SIGMAS, HARMLESS_GOAL, HARMLESS_SCALE, TARGET_DROP,
+                                                 accuracy)
 from experiments.console import quiet_libraries
-from experiments.fidelity import BaselineLogprobs, fixed_sequences, judge
+from experiments.fidelity import fixed_sequences
 from experiments.gate import Criterion, Gate, check_config
 from experiments.serving import build_engine
 from experiments.serving.engine import Engine
@@ -48,9 +50,6 @@ from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 
 GOAL = 0.95
 SLOWDOWN = 0.10
-TARGET_DROP = 0.02                        # points of the gate's accuracy metric
-CALIBRATION_SIGMAS = (0.5, 1.0, 1.5, 2.0)  # noise sd in units of each weight matrix's own sd
-CALIBRATION_SEEDS = (10_001, 10_002)      # apart from the measured seeds 0..N-1
 QUIET = 0.05                              # other processes' share of the CPUs in a quiet trial
 CONCURRENCY = 4
 
@@ -95,25 +94,6 @@ def slowed_build(cand, threads: int, artefacts: Path, extra: float) -> "SlowedEn
     return SlowedEngine(build_engine(cand, threads, artefacts), extra)
 
 
-class DecoderNoise:
-    """Test-only: Gaussian noise on the decoder layers' weight matrices (not the embedding, nor the tied head)."""
-
-    def __init__(self, model):
-        self.params = [p for p in model.model.layers.parameters() if p.dim() == 2]
-        self.clean = [p.detach().clone() for p in self.params]
-
-    @torch.no_grad()
-    def apply(self, sigma: float, seed: int) -> None:
-        gen = torch.Generator().manual_seed(seed)
-        for p, clean in zip(self.params, self.clean):
-            p.copy_(clean + sigma * clean.std() * torch.randn(clean.shape, generator=gen))
-
-    @torch.no_grad()
-    def restore(self) -> None:
-        for p, clean in zip(self.params, self.clean):
-            p.copy_(clean)
-
-
 @dataclass(frozen=True)
 class Rate:
     hits: int
@@ -127,14 +107,14 @@ class Rate:
         ci = stats.binomtest(self.hits, self.n).proportion_ci(0.95, method="exact")
         return ci.low, ci.high
 
-    def row(self, label: str, detail: str) -> tuple[str, ...]:
+    def row(self, label: str, detail: str, goal: float = GOAL) -> tuple[str, ...]:
         lo, hi = self.interval()
-        return (label, str(self.n), f"{self.share:.0%}", f"[{lo:.0%}, {hi:.0%}]", f">= {GOAL:.0%}",
-                "yes" if self.share >= GOAL else "NO", detail)
+        return (label, str(self.n), f"{self.share:.0%}", f"[{lo:.0%}, {hi:.0%}]", f">= {goal:.0%}",
+                "yes" if self.share >= goal else "NO", detail)
 
 
-def setup(console):
-    cfg = compose_default()
+def setup(console, overrides=()):
+    cfg = compose_default(overrides)
     check_config(cfg.gate)
     target, texts, shipped_tasks = resolve(cfg.target, Path(cfg.cache_dir), Path(cfg.data_dir), console.print)
     from transformers import AutoTokenizer
@@ -166,8 +146,8 @@ def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, co
               "slowed": partial(slowed_build, ort, threads, artefacts, SLOWDOWN)}
     fresh = bool(cfg.gate.interleaved.get("fresh_build_per_run", False))
     for i in range(n):
-        with OtherLoad() as load_meter, contender.round_runs(builds, fresh, workload, load, concurrency,
-                                                             cfg.gate.confidence, apart, i) as runs:
+        with contender.round_runs(builds, fresh, workload, load, concurrency, cfg.gate.confidence, apart,
+                                  i) as runs, OtherLoad() as load_meter:
             rounds = interleaved.measure(runs, int(cfg.gate.interleaved.rounds), concurrency, seed=(cfg.seed, i))
         single = {k: BenchmarkReport((levels[0],)) for k, levels in rounds.runs.items()}
         trials.append(Trial(same=gate.interleaved(rounds, "same", "champion"),
@@ -211,73 +191,35 @@ def _busy(t) -> float:
 
 
 def _own() -> float:
-    t = psutil.Process().cpu_times()
-    return t.user + t.system
+    """CPU seconds of this process and its descendants (the fork server and the contenders it forked, alive
+    through a trial; a descendant that ends within it would count as another process)."""
+    me, total = psutil.Process(), 0.0
+    for proc in (me, *me.children(recursive=True)):
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
 
 
-def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: int, sigmas, console):
-    """Per noise seed: (the accuracy criterion, the fidelity criterion) against the clean model."""
-    engine = build_engine(base, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
-    noise = DecoderNoise(engine.model)
-    fid = cfg.gate.fidelity
-
-    def measure():
-        return evaluate(engine.lm_eval_model(int(cfg.accuracy.batch_size)), list(cfg.accuracy.tasks),
-                        cfg.gate.accuracy.metric, include_path, cfg.accuracy.limit, cfg.seed)[0]
-
-    try:
-        champion = measure()
-        reference = BaselineLogprobs.record(engine, windows)
-        console.print(f"  champion {champion.task} {champion.metric} = {champion.value:.4f} "
-                      f"(n = {len(champion.per_doc)} documents)", highlight=False)
-        calibration = []
-        for sigma in sigmas:
-            drops = []
-            for seed in CALIBRATION_SEEDS:
-                noise.apply(sigma, seed)
-                drops.append(champion.value - measure().value)
-            calibration.append((sigma, float(np.mean(drops))))
-            console.print(f"  calibration: sigma {sigma:.3g} -> drop {calibration[-1][1]:+.4f} "
-                          f"(seeds {', '.join(f'{d:+.4f}' for d in drops)})", highlight=False)
-        sigma, how = calibrate(calibration)
-        console.print(f"  calibrated: sigma {sigma:.3f} for a {TARGET_DROP:.2f} drop ({how})", highlight=False)
-        verdicts = []
-        for seed in range(n):
-            noise.apply(sigma, seed)
-            acc = gate.accuracy(champion, measure())
-            fidelity = judge(reference.compare(engine), fid.max_kl, fid.min_top1, cfg.gate.confidence)
-            verdicts.append((acc, fidelity))
-            c, f = acc.numbers, fidelity.numbers
-            console.print(f"  seed {seed}: drop {c['drop']:+.4f} se {c['drop_se']:.4f} upper {c['drop_upper']:+.4f}"
-                          f" -> {'pass' if acc.passed else 'REJECT'};  KL {f['kl_mean']:.3g} top-1 "
-                          f"{f['top1_agreement']:.3f} -> {'pass' if fidelity.passed else 'REJECT'}", highlight=False)
-        return sigma, verdicts
-    finally:
-        noise.restore()
-        engine.close()
-
-
-def calibrate(points) -> tuple[float, str]:
-    """The noise scale whose mean drop is TARGET_DROP, interpolated in log(sigma) on the grid's mean drops,
-    made non-decreasing first (more noise cannot help on average; a dip is seed noise)."""
-    sigmas, drops = np.array(points).T
-    drops = np.maximum.accumulate(drops)
-    if not drops[0] <= TARGET_DROP <= drops[-1]:
-        raise RuntimeError(f"the calibration grid {sigmas.tolist()} does not bracket a {TARGET_DROP} drop "
-                           f"(mean drops {', '.join(f'{d:+.4f}' for d in drops)}): widen it")
-    sigma = float(np.exp(np.interp(TARGET_DROP, drops, np.log(sigmas))))
-    return sigma, "interpolated in log(sigma) on the non-decreasing grid means"
-
-
-def summary(trials: list[Trial], verdicts, sigma: float, cfg_gate) -> Table:
-    n = len(trials)
-    quiet = [t for t in trials if t.others < QUIET]
+def summary(trials: list[Trial], verdicts, harmless, sigma: float, cfg_gate) -> Table:
     rounds = cfg_gate.interleaved
+    per_run = f" (~{int(np.median([t.requests for t in trials]))} requests per run)" if trials else ""
     table = Table(title=f"gate decision quality: {rounds.rounds} interleaved rounds of {rounds.seconds:g} s per "
-                        f"comparison (~{int(np.median([t.requests for t in trials]))} requests per run); exact 95 % "
-                        f"binomial intervals on each rate")
+                        f"comparison{per_run}; exact 95 % binomial intervals on each rate")
     for col in ("check", "N", "rate", "95 % CI", "goal", "met", "detail"):
         table.add_column(col)
+    if trials:
+        _performance_rows(table, trials)
+    if verdicts:
+        _accuracy_rows(table, verdicts, harmless, sigma)
+    return table
+
+
+def _performance_rows(table: Table, trials: list[Trial]) -> None:
+    n = len(trials)
+    quiet = [t for t in trials if t.others < QUIET]
     aa = Rate(sum(_no_change(t.same) for t in trials), n)
     table.add_row(*aa.row("A/A: no significant change", f"not accepted and CI low <= 1; median ratio "
                           f"{np.median([_num(t.same, 'ratio') for t in trials]):.3f}; quiet trials (others < "
@@ -286,8 +228,18 @@ def summary(trials: list[Trial], verdicts, sigma: float, cfg_gate) -> Table:
     table.add_row(*caught.row(f"+{SLOWDOWN:.0%} per-step slowdown caught",
                               f"rejected, CI low > 1; median ratio {np.median([_num(t.slowed, 'ratio') for t in trials]):.3f}"
                               f"; quiet trials: {sum(_caught(t.slowed) for t in quiet)}/{len(quiet)}"))
-    either = Rate(sum(not (a.passed and f.passed) for a, f in verdicts), len(verdicts))
-    drops = np.array([a.numbers["drop"] for a, _ in verdicts])
+    single_aa = Rate(sum(_no_change(t.same_single) for t in trials), n)
+    single_caught = Rate(sum(_caught(t.slowed_single) for t in trials), n)
+    for label, rate in (("old way, one run each: A/A no change", single_aa),
+                        ("old way, one run each: slowdown caught", single_caught)):
+        lo, hi = rate.interval()
+        table.add_row(label, str(rate.n), f"{rate.share:.0%}", f"[{lo:.0%}, {hi:.0%}]", "(contrast)", "",
+                      "round 0's runs alone, bootstrap over their requests")
+
+
+def _accuracy_rows(table: Table, verdicts, harmless, sigma: float) -> None:
+    either = Rate(sum(not (a.passed and f.passed) for a, f, _ in verdicts), len(verdicts))
+    drops = np.array([a.numbers["drop"] for a, _, _ in verdicts])
     table.add_row(*either.row(f"~{TARGET_DROP * 100:.0f}-point accuracy drop rejected by the gate",
                               f"sigma {sigma:.3f}: drop mean {drops.mean():+.4f}, range [{drops.min():+.4f}, "
                               f"{drops.max():+.4f}]; either criterion below fails it"))
@@ -296,14 +248,16 @@ def summary(trials: list[Trial], verdicts, sigma: float, cfg_gate) -> Table:
         rate = Rate(sum(not v[picked].passed for v in verdicts), len(verdicts))
         lo, hi = rate.interval()
         table.add_row(label, str(rate.n), f"{rate.share:.0%}", f"[{lo:.0%}, {hi:.0%}]", "", "", "")
-    single_aa = Rate(sum(_no_change(t.same_single) for t in trials), n)
-    single_caught = Rate(sum(_caught(t.slowed_single) for t in trials), n)
-    for label, rate in (("old way, one run each: A/A no change", single_aa),
-                        ("old way, one run each: slowdown caught", single_caught)):
-        lo, hi = rate.interval()
-        table.add_row(label, str(rate.n), f"{rate.share:.0%}", f"[{lo:.0%}, {hi:.0%}]", "(contrast)", "",
-                      "round 0's runs alone, bootstrap over their requests")
-    return table
+    passed = Rate(sum(a.passed and f.passed for a, f, _ in harmless), len(harmless))
+    kept = np.array([a.numbers["drop"] for a, _, _ in harmless])
+    flips = [k for _, _, k in harmless]
+    kl = [f.numbers.get("kl_mean", np.nan) for _, f, _ in harmless]
+    table.add_row(*passed.row("harmless change accepted (both criteria)",
+                              f"sigma {sigma * HARMLESS_SCALE:.3f}: {min(flips)}-{max(flips)} documents changed, drop "
+                              f"mean {kept.mean():+.4f}, range [{kept.min():+.4f}, {kept.max():+.4f}]; KL "
+                              f"{np.nanmin(kl):.2g}-{np.nanmax(kl):.2g}; accuracy alone "
+                              f"{sum(a.passed for a, _, _ in harmless)}/{len(harmless)}, fidelity alone "
+                              f"{sum(f.passed for _, f, _ in harmless)}/{len(harmless)}", HARMLESS_GOAL))
 
 
 def _no_change(c) -> bool:
@@ -331,6 +285,10 @@ def main() -> None:
                         help="a smoke run: 5 trials of 6 rounds of 0.2 s, 2-point calibration")
     parser.add_argument("--rounds", type=int, help="interleaved rounds per comparison (default: conf/, the profile's)")
     parser.add_argument("--seconds", type=float, help="each run in a round (default: conf/, the profile's)")
+    parser.add_argument("--profile", help="a conf/profile whose gate settings to judge with (e.g. demo, make "
+                                          "sweep's; default: conf/gate's own)")
+    parser.add_argument("--part", choices=("all", "performance", "accuracy"), default="all",
+                        help="only the performance trials or only the accuracy seeds")
     args = parser.parse_args()
     n = args.n if args.n is not None else (5 if args.quick else 20)
     sigmas = CALIBRATION_SIGMAS[::3] if args.quick else CALIBRATION_SIGMAS
@@ -339,7 +297,7 @@ def main() -> None:
     quiet_libraries()
     console = Console(width=170)
     started = time.perf_counter()
-    cfg, base, workload, include_path, windows = setup(console)
+    cfg, base, workload, include_path, windows = setup(console, [f"profile={args.profile}"] if args.profile else [])
     if args.quick:
         cfg.gate.interleaved = OmegaConf.merge(cfg.gate.interleaved, {"rounds": 6, "seconds": 0.2})
     for key in ("rounds", "seconds"):
@@ -353,14 +311,18 @@ def main() -> None:
     console.print(f"  accuracy: {g.accuracy.metric}, max_drop_abs {g.accuracy.max_drop_abs}, max_drop_rel "
                   f"{g.accuracy.get('max_drop_rel')}; fidelity: max_kl {g.fidelity.max_kl}, min_top1 "
                   f"{g.fidelity.min_top1}", highlight=False)
-    console.print(f"[bold]performance[/bold]: onnxruntime fp32 engine, closed loop c={CONCURRENCY}, {n} trials of "
-                  f"(champion, same, +{SLOWDOWN:.0%} slowed) in rotating order")
-    trials = performance(cfg, gate, base, workload, n, CONCURRENCY, console)
-    console.print(f"[bold]accuracy[/bold]: torch fp32 engine, lm-eval {', '.join(cfg.accuracy.tasks)} and "
-                  f"{len(windows)} fidelity windows, {n} noise seeds")
-    sigma, verdicts = accuracy(cfg, gate, base, include_path, windows, n, sigmas, console)
+    trials, verdicts, harmless, sigma = [], [], [], float("nan")
+    if args.part in ("all", "performance"):
+        console.print(f"[bold]performance[/bold]: onnxruntime fp32 engine, closed loop c={CONCURRENCY}, {n} trials "
+                      f"of (champion, same, +{SLOWDOWN:.0%} slowed) in a drawn, balanced order")
+        trials = performance(cfg, gate, base, workload, n, CONCURRENCY, console)
+    if args.part in ("all", "accuracy"):
+        console.print(f"[bold]accuracy[/bold]: torch fp32 engine, lm-eval {', '.join(cfg.accuracy.tasks)} "
+                      f"({cfg.accuracy.limit} documents) and {len(windows)} fidelity windows, {n} noise seeds at "
+                      f"two scales")
+        sigma, verdicts, harmless = accuracy(cfg, gate, base, include_path, windows, n, sigmas, console)
 
-    console.print(summary(trials, verdicts, sigma, cfg.gate))
+    console.print(summary(trials, verdicts, harmless, sigma, cfg.gate))
     console.print(f"elapsed {time.perf_counter() - started:.0f} s")
 
 
