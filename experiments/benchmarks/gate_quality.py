@@ -2,14 +2,17 @@
 
 The gate from conf/ (the thresholds and the interleaved rounds the ladder uses) judges real runs:
 (a) A/A: the same configuration measured twice (two engines built from one recipe, built and measured in
-    rounds as the ladder does) -> share judged "no significant change": not accepted, and the ratio CI claims no slowdown
-    (goal >= 95 %);
-(b) an injected 10 % slowdown (each decode step busy-waits 10 % of its own measured compute)
+    rounds as the ladder does) -> share judged "no significant change": not accepted, and the ratio CI claims no
+    slowdown (goal >= 95 %);
+(b) an injected 10 % slowdown (each request sleeps 10 % of its own measured compute before its last token)
     -> share rejected with the ratio CI above 1 (goal >= 95 %);
 (c) an injected accuracy drop (Gaussian noise on the decoder's weights, scale calibrated to cost ~2 points of
     the gate's metric) -> share the gate rejects over N noise seeds (goal >= 95 %): its accuracy criterion
     (lm-eval, paired z-test) and its fidelity criterion (KL / top-1 against the clean model), each shown.
-(d) a harmless change (the same noise at a quarter of (c)'s scale: answers flip per document, the mean does not
+(d) a disturbing contender: the champion's own engine plus threads that burn the cores whenever it is idle (a
+    rival measured while it idles, in its process or beside it, is slowed and it looks faster) -> share not
+    accepted (goal >= 95 %): the rounds measure each side with nothing of the other running;
+(e) a harmless change (the same noise at a quarter of (c)'s scale: answers flip per document, the mean does not
     drop — what a good int8 does) -> share the gate accepts on both criteria (goal >= 90 %).
 For contrast, the same runs judged the old way: one run each, a bootstrap over their requests.
 """
@@ -38,11 +41,11 @@ from experiments.workload import Workload
 from experiments.benchmarks.common import compose_default
 from experiments.benchmarks.gate_accuracy import (CALIBRATION_SIGMAS, HARMLESS_GOAL, HARMLESS_SCALE, TARGET_DROP,
                                                  accuracy)
+from experiments.benchmarks.gate_contenders import disturbing_build, slowed_build
 from experiments.console import quiet_libraries
 from experiments.fidelity import fixed_sequences
 from experiments.gate import Criterion, Gate, check_config
 from experiments.serving import build_engine
-from experiments.serving.engine import Engine
 from experiments.targets import resolve
 from optimizers.base import Candidate
 from optimizers.baseline import EagerBaseline
@@ -52,46 +55,6 @@ GOAL = 0.95
 SLOWDOWN = 0.10
 QUIET = 0.05                              # other processes' share of the CPUs in a quiet trial
 CONCURRENCY = 4
-
-
-class SlowedEngine(Engine):
-    """Test-only: every request takes `extra` x its own measured compute longer: each step's share is owed,
-    and paid as one sleep before the request's last token.
-
-    Measured here, both ways of paying per step inject far more than asked: a busy-wait competes with ONNX
-    Runtime's own threads for the 2 cores (a 10 % spin came out at +15-30 %), and a sleep between steps costs
-    a wake-up of its thread pool on the next step besides its oversleep (sleeping every ~1 ms came out at
-    +40 %). One sleep per request costs one such wake-up per ~16 ms request.
-    """
-
-    name = "slowed"
-
-    def __init__(self, inner: Engine, extra: float):
-        self.inner, self.extra = inner, extra
-
-    def generate(self, prompt_ids, max_new_tokens):
-        owed = 0.0
-        for step, (token, compute) in enumerate(self.inner.generate(prompt_ids, max_new_tokens), 1):
-            owed += self.extra * compute
-            slept = 0.0
-            if step == max_new_tokens:
-                started = time.perf_counter()
-                time.sleep(owed)
-                slept = time.perf_counter() - started
-            yield token, compute + slept
-
-    def lm_eval_model(self, batch_size):
-        return self.inner.lm_eval_model(batch_size)
-
-    def artefact_paths(self):
-        return self.inner.artefact_paths()
-
-    def close(self):
-        self.inner.close()
-
-
-def slowed_build(cand, threads: int, artefacts: Path, extra: float) -> "SlowedEngine":
-    return SlowedEngine(build_engine(cand, threads, artefacts), extra)
 
 
 @dataclass(frozen=True)
@@ -130,8 +93,8 @@ def setup(console, overrides=()):
 
 
 def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, concurrency: int, console):
-    """N trials of the gate's interleaved rounds over three contenders built from one recipe (champion, the
-    same again, slowed), built and measured as the ladder does (conf/gate's fresh_build_per_run: by default
+    """N trials of the gate's interleaved rounds over four contenders built from one recipe (champion, the
+    same again, slowed, disturbing), built and measured as the ladder does (conf/gate's fresh_build_per_run: by default
     each built once per trial in a process of its own, stopped while another runs; the order drawn per trial).
     Also judged the old way: round 0's runs alone, a bootstrap over their requests."""
     ort = OnnxRuntimeSwap().apply(base)
@@ -143,7 +106,8 @@ def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, co
     apart = contender.Apart(isolation.Limits(3600, 2**34, 0.2), Path(cfg.data_dir) / "logs" / "bench-gate", "run")
     builds = {"champion": partial(build_engine, ort, threads, artefacts),
               "same": partial(build_engine, ort, threads, artefacts),
-              "slowed": partial(slowed_build, ort, threads, artefacts, SLOWDOWN)}
+              "slowed": partial(slowed_build, ort, threads, artefacts, SLOWDOWN),
+              "disturbing": partial(disturbing_build, ort, threads, artefacts)}
     fresh = bool(cfg.gate.interleaved.get("fresh_build_per_run", False))
     for i in range(n):
         with contender.round_runs(builds, fresh, workload, load, concurrency, cfg.gate.confidence, apart,
@@ -152,12 +116,15 @@ def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, co
         single = {k: BenchmarkReport((levels[0],)) for k, levels in rounds.runs.items()}
         trials.append(Trial(same=gate.interleaved(rounds, "same", "champion"),
                             slowed=gate.interleaved(rounds, "slowed", "champion"),
+                            disturbing=gate.interleaved(rounds, "disturbing", "champion"),
                             same_single=gate.performance(single["champion"], single["same"]),
                             slowed_single=gate.performance(single["champion"], single["slowed"]),
+                            disturbing_single=gate.performance(single["champion"], single["disturbing"]),
                             others=load_meter.share, requests=len(rounds.runs["champion"][0].records)))
         t = trials[-1]
-        console.print(f"  trial {i + 1}/{n}: A/A {_ratio(t.same)}   slowed {_ratio(t.slowed)}   "
-                      f"(one run each: A/A {_ratio(t.same_single)}, slowed {_ratio(t.slowed_single)})   "
+        console.print(f"  trial {i + 1}/{n}: A/A {_ratio(t.same)}   slowed {_ratio(t.slowed)}   disturbing "
+                      f"{_ratio(t.disturbing)}{' ACCEPTED' if t.disturbing.passed else ''}   (one run each: A/A "
+                      f"{_ratio(t.same_single)}, slowed {_ratio(t.slowed_single)})   "
                       f"other processes {t.others:.0%} of the CPUs", highlight=False)
     return trials
 
@@ -166,8 +133,10 @@ def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, co
 class Trial:
     same: Criterion
     slowed: Criterion
+    disturbing: Criterion
     same_single: Criterion
     slowed_single: Criterion
+    disturbing_single: Criterion
     others: float
     requests: int
 
@@ -226,8 +195,14 @@ def _performance_rows(table: Table, trials: list[Trial]) -> None:
                           f"{QUIET:.0%} CPU): {sum(_no_change(t.same) for t in quiet)}/{len(quiet)}"))
     caught = Rate(sum(_caught(t.slowed) for t in trials), n)
     table.add_row(*caught.row(f"+{SLOWDOWN:.0%} per-step slowdown caught",
-                              f"rejected, CI low > 1; median ratio {np.median([_num(t.slowed, 'ratio') for t in trials]):.3f}"
-                              f"; quiet trials: {sum(_caught(t.slowed) for t in quiet)}/{len(quiet)}"))
+                              f"rejected, CI low > 1; median ratio "
+                              f"{np.median([_num(t.slowed, 'ratio') for t in trials]):.3f}; quiet trials: "
+                              f"{sum(_caught(t.slowed) for t in quiet)}/{len(quiet)}"))
+    kept_out = Rate(sum(not t.disturbing.passed for t in trials), n)
+    table.add_row(*kept_out.row("disturbing contender not accepted",
+                                f"its threads burn the cores while it idles; median ratio "
+                                f"{np.median([_num(t.disturbing, 'ratio') for t in trials]):.3f}; one run each, not "
+                                f"accepted: {sum(not t.disturbing_single.passed for t in trials)}/{n}"))
     single_aa = Rate(sum(_no_change(t.same_single) for t in trials), n)
     single_caught = Rate(sum(_caught(t.slowed_single) for t in trials), n)
     for label, rate in (("old way, one run each: A/A no change", single_aa),
@@ -285,8 +260,9 @@ def main() -> None:
                         help="a smoke run: 5 trials of 6 rounds of 0.2 s, 2-point calibration")
     parser.add_argument("--rounds", type=int, help="interleaved rounds per comparison (default: conf/, the profile's)")
     parser.add_argument("--seconds", type=float, help="each run in a round (default: conf/, the profile's)")
-    parser.add_argument("--profile", help="a conf/profile whose gate settings to judge with (e.g. demo, make "
-                                          "sweep's; default: conf/gate's own)")
+    parser.add_argument("--profile", default="demo",
+                        help="the conf/profile whose gate settings judge (default demo, make sweep's; none: "
+                             "conf/gate's own, 20 rounds of 1 s)")
     parser.add_argument("--part", choices=("all", "performance", "accuracy"), default="all",
                         help="only the performance trials or only the accuracy seeds")
     args = parser.parse_args()
@@ -297,7 +273,8 @@ def main() -> None:
     quiet_libraries()
     console = Console(width=170)
     started = time.perf_counter()
-    cfg, base, workload, include_path, windows = setup(console, [f"profile={args.profile}"] if args.profile else [])
+    profile = ["~profile"] if args.profile == "none" else [f"profile={args.profile}"]
+    cfg, base, workload, include_path, windows = setup(console, profile)
     if args.quick:
         cfg.gate.interleaved = OmegaConf.merge(cfg.gate.interleaved, {"rounds": 6, "seconds": 0.2})
     for key in ("rounds", "seconds"):
@@ -305,8 +282,9 @@ def main() -> None:
             cfg.gate.interleaved[key] = getattr(args, key)
     check_config(cfg.gate)
     gate, g = Gate(cfg.gate, cfg.seed), cfg.gate
-    console.print(f"gate from conf/: {g.objective.metric} {g.objective.stat}, min_gain {g.min_gain}, confidence "
-                  f"{g.confidence}; interleaved {g.interleaved.rounds} rounds x {g.interleaved.seconds:g} s "
+    console.print(f"gate from conf/ (profile {args.profile}): {g.objective.metric} {g.objective.stat}, min_gain "
+                  f"{g.min_gain}, confidence {g.confidence}; interleaved {g.interleaved.rounds} rounds x "
+                  f"{g.interleaved.seconds:g} s "
                   f"(>= {g.interleaved.min_requests} requests)", highlight=False)
     console.print(f"  accuracy: {g.accuracy.metric}, max_drop_abs {g.accuracy.max_drop_abs}, max_drop_rel "
                   f"{g.accuracy.get('max_drop_rel')}; fidelity: max_kl {g.fidelity.max_kl}, min_top1 "
@@ -314,7 +292,7 @@ def main() -> None:
     trials, verdicts, harmless, sigma = [], [], [], float("nan")
     if args.part in ("all", "performance"):
         console.print(f"[bold]performance[/bold]: onnxruntime fp32 engine, closed loop c={CONCURRENCY}, {n} trials "
-                      f"of (champion, same, +{SLOWDOWN:.0%} slowed) in a drawn, balanced order")
+                      f"of (champion, same, +{SLOWDOWN:.0%} slowed, disturbing) in a drawn, balanced order")
         trials = performance(cfg, gate, base, workload, n, CONCURRENCY, console)
     if args.part in ("all", "accuracy"):
         console.print(f"[bold]accuracy[/bold]: torch fp32 engine, lm-eval {', '.join(cfg.accuracy.tasks)} "
