@@ -26,6 +26,17 @@ def test_every_profile_composes(profile, tmp_path):
     assert cfg.tracking.uri == f"sqlite:///{tmp_path}/mlflow.db"
 
 
+def test_smollm2_brings_its_own_profile_and_the_command_line_still_wins(tmp_path):
+    # `make sweep target=smollm2` must run what the README measured: profile=smollm2, not the tiny model's demo
+    cfg = compose(["target=smollm2", f"data_dir={tmp_path}"])
+    assert cfg.profile_name == "smollm2"
+    assert list(cfg.benchmark.concurrency) == [1, 4]
+    explicit = compose(["target=smollm2", "profile=smollm2", f"data_dir={tmp_path}"])
+    assert {k: cfg[k] for k in cfg if k != "hydra"} == {k: explicit[k] for k in explicit if k != "hydra"}
+    assert compose(["target=smollm2", "profile=quick", f"data_dir={tmp_path}"]).profile_name == "quick"
+    assert compose([f"data_dir={tmp_path}"]).profile_name == "demo"
+
+
 def test_production_profile_has_the_seeds_numbers(tmp_path):
     cfg = compose(["profile=production", f"data_dir={tmp_path}"])
     assert list(cfg.benchmark.concurrency) == [1, 2, 4, 8, 16, 32, 64]
