@@ -21,13 +21,15 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
 from mlflow.pyfunc import PythonModel
 from mlflow.tracking import MlflowClient
-from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+from mlflow.types import ColSpec, DataType, ParamSchema, ParamSpec, Schema
+from mlflow.types.schema import Array
 from omegaconf import OmegaConf
 
 from experiments import kinds, tracking
 from experiments.cache import locked
 from experiments.errors import ConfigError
 from experiments.names import Tag
+from experiments.targets import model_path
 from optimizers.base import Recipe
 
 CHAMPION = "champion"
@@ -37,6 +39,8 @@ MAX_TAG_CHARS = 5000
 MISSING = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")   # what MLflow answers for an unknown id
 SIGNATURE = ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]),
                            params=ParamSchema([ParamSpec("max_new_tokens", "long", 32)]))
+EMBEDDING_SIGNATURE = ModelSignature(inputs=Schema([ColSpec("string")]),
+                                     outputs=Schema([ColSpec(Array(DataType.float))]))
 
 
 @dataclass(frozen=True)
@@ -153,7 +157,8 @@ def _log_package(run, sweep) -> str:
             # No input example on purpose: MLflow would load the model (build the engine) to check it.
             warnings.filterwarnings("ignore", message=".*input example was not provided")
             info = mlflow.pyfunc.log_model(
-                name=PACKAGE_NAME, python_model=CandidateModel(), signature=SIGNATURE,
+                name=PACKAGE_NAME, python_model=CandidateModel(),
+                signature=SIGNATURE if kinds.kind_of(str(config.target.kind)).decodes else EMBEDDING_SIGNATURE,
                 artifacts={"recipe": str(recipe_file), "config": str(config_file)},
                 # Explicit, so MLflow does not load the model in a subprocess to infer them.
                 pip_requirements=_requirements(),
@@ -173,8 +178,9 @@ def package_recipe(run, config) -> dict:
     params = run.data.params
     rungs = [params[f"recipe.rungs.{i}"] for i in range(len(params)) if f"recipe.rungs.{i}" in params]
     target = config.target
+    build = OmegaConf.to_container(target.build, resolve=True) if "build" in target else None   # tiny-llm's
     return {"target": {"name": str(target.name), "kind": str(target.kind), "source": str(target.source),
-                       "build": OmegaConf.to_container(target.build, resolve=True)},
+                       "build": build, "max_tokens": target.workload.get("max_tokens")},
             "recipe": recipe_from_params(params, run.info.run_id), "rungs": rungs}
 
 
@@ -221,9 +227,18 @@ class CandidateModel(PythonModel):
         target = Target(t["name"], t["kind"], _model_dir(t, cache_dir))
         candidate = Candidate(target, Recipe(**recipe["recipe"]), tuple(recipe["rungs"]))
         self.engine = build_engine(candidate, int(settings.get("threads", 1)), cache_dir / "artefacts")
+        if not self.engine.decodes:   # an encoder: its texts are tokenized as the sweep's workload was
+            self.tokenizer = kinds.load_tokenizer(target.model_dir)
+            self.max_tokens = int(t.get("max_tokens") or 128)
 
     # MLflow enforces SIGNATURE first, so a list of prompts arrives as a one-column DataFrame.
-    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list[str]:
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list:
+        """Greedy continuations (a causal LM), or L2-normalised embeddings as lists of floats (an encoder)."""
+        if not self.engine.decodes:
+            from experiments.embedding_eval import tokenized
+
+            vectors, _ = self.engine.embed(tokenized(self.tokenizer, _prompts(model_input), self.max_tokens))
+            return [row.tolist() for row in vectors]
         max_new_tokens = int((params or {}).get("max_new_tokens", 32))
         return [self._continue(prompt, max_new_tokens) for prompt in _prompts(model_input)]
 
@@ -240,14 +255,11 @@ class CandidateModel(PythonModel):
 
 
 def _model_dir(target: dict, cache_dir: Path) -> Path:
-    if target["source"] == "builtin:tiny-llm":
-        from experiments.models.tiny_llm import TinyLlmRecipe, ensure_built
-        return ensure_built(TinyLlmRecipe(**target["build"]), cache_dir)
-    path = Path(target["source"]).expanduser()
-    if not path.exists():
-        raise ConfigError(f"the promoted model's source folder {path} does not exist on this machine",
-                          "copy the model folder there, or load the model where it was promoted")
-    return path
+    source = target["source"]
+    if not source.startswith("builtin:") and not Path(source).expanduser().exists():
+        raise ConfigError(f"the promoted model's source {source} does not exist on this machine",
+                          "copy the model folder (or GGUF file) there, or load the model where it was promoted")
+    return model_path(source, target.get("build"), cache_dir)
 
 
 def _prompts(model_input) -> list[str]:

@@ -49,35 +49,49 @@ def resolve(cfg_target, cache_dir: Path, data_dir: Path, progress,
     """(target, held-out texts for the workload, lm-eval include path for its shipped tasks); on_step(done,
     total) counts the training steps of a model built here."""
     check_source(cfg_target)
-    if str(cfg_target.source) == "builtin:tiny-llm":
-        recipe = TinyLlmRecipe(**cfg_target.build)
-        model_dir = ensure_built(recipe, cache_dir, progress, on_step)
-        texts = Corpus.from_stdlib(recipe.heldout_every).heldout
+    source = str(cfg_target.source)
+    if source == "builtin:tiny-llm":
+        model_dir = model_path(source, cfg_target.build, cache_dir, progress, on_step)
+        texts = Corpus.from_stdlib(TinyLlmRecipe(**cfg_target.build).heldout_every).heldout
         tasks = task_include_path(model_dir, data_dir / "tasks" / model_dir.name)
         return Target(cfg_target.name, cfg_target.kind, model_dir), texts, tasks
-    if str(cfg_target.source) == "builtin:minilm":
-        from experiments.models.minilm import RetrievalSet, model_dir
+    if source == "builtin:minilm":
+        from experiments.models.minilm import RetrievalSet
 
         # The workload embeds the retrieval set's own queries and passages: short and long texts mixed.
         texts = RetrievalSet.from_stdlib(int(cfg_target.workload.texts), int(cfg_target.workload.seed)).texts()
-        return Target(cfg_target.name, cfg_target.kind, model_dir()), texts, None
-    if str(cfg_target.source) == "builtin:smollm2-135m":
+        return Target(cfg_target.name, cfg_target.kind, model_path(source, None, cache_dir)), texts, None
+    if source == "builtin:smollm2-135m":
         from experiments.models import smollm2
 
-        model_dir = smollm2.ensure_built(cache_dir, progress)
+        model_dir = model_path(source, None, cache_dir, progress)
         tasks = smollm2.task_include_path(data_dir / "tasks" / model_dir.name)
         texts = corpus_texts(cfg_target.workload.get("corpus"))
         return Target(cfg_target.name, cfg_target.kind, model_dir), texts, tasks
     return _folder(cfg_target, cache_dir, progress)
 
 
+def model_path(source: str, build, cache_dir: Path, progress=print, on_step=None) -> Path:
+    """The model folder `source` names on this machine: a built-in built or converted once (cached under
+    cache_dir), a GGUF file converted once, or the user's folder as given. `build`: tiny-llm's recipe."""
+    if source == "builtin:tiny-llm":
+        return ensure_built(TinyLlmRecipe(**build), cache_dir, progress, on_step)
+    if source == "builtin:minilm":
+        from experiments.models.minilm import model_dir
+
+        return model_dir()
+    if source == "builtin:smollm2-135m":
+        from experiments.models import smollm2
+
+        return smollm2.ensure_built(cache_dir, progress)
+    path = Path(source).expanduser()
+    return ensure_converted(path, cache_dir, progress) if path.suffix == ".gguf" else path
+
+
 def _folder(cfg_target, cache_dir: Path, progress) -> tuple[Target, list[str], None]:
     """A user's Hugging Face folder, or a GGUF file converted once into one. Its detected kind is written back
     into the config, so that the runs' params (and `roi-ladder promote`) say what it is."""
-    path = Path(str(cfg_target.source)).expanduser()
-    if path.suffix == ".gguf":
-        path = ensure_converted(path, cache_dir, progress)
-    folder = inspect_folder(path, _given_kind(cfg_target))
+    folder = inspect_folder(model_path(str(cfg_target.source), None, cache_dir, progress), _given_kind(cfg_target))
     cfg_target.kind = folder.kind
     texts = kind_of(folder.kind).folder_texts(cfg_target, folder.path)
     return Target(str(cfg_target.name), folder.kind, folder.path), texts, None

@@ -242,3 +242,43 @@ def test_champion_loads_as_pyfunc_and_continues_prompts_like_the_engine(cfg, swe
         ids = [t for t, _ in engine.generate(tok.encode(prompt, add_special_tokens=False), 12)]
         ids = ids[:ids.index(tok.eos_token_id)] if tok.eos_token_id in ids else ids
         assert text == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_a_built_in_other_than_tiny_llm_or_a_gguf_is_found_again_at_load(tmp_path):
+    # promote packaged target.build, which only tiny-llm has, and load looked for builtin:smollm2-135m as a folder
+    cfg = compose(["target=smollm2", f"data_dir={tmp_path}"])
+
+    class Run:
+        data = type("Data", (), {"params": {"recipe.engine": "onnxruntime", "recipe.rungs.0": "baseline"}})
+        info = type("Info", (), {"run_id": "r"})
+
+    package = registry.package_recipe(Run, cfg)
+    assert package["target"]["source"] == "builtin:smollm2-135m" and package["target"]["build"] is None
+    with pytest.raises(ConfigError, match="does not exist on this machine"):
+        registry._model_dir({"source": str(tmp_path / "gone.gguf")}, tmp_path)
+    from experiments.models.minilm import model_dir
+    assert registry._model_dir({"source": "builtin:minilm"}, tmp_path) == model_dir()
+
+
+def test_an_encoder_champion_loads_as_pyfunc_and_embeds_like_the_engine(tmp_path):
+    import numpy as np
+
+    from experiments.embedding_eval import tokenized
+    from experiments.kinds import load_tokenizer
+    from experiments.models.minilm import model_dir
+    from experiments.serving import build_engine
+
+    cfg = compose(["target=minilm", f"data_dir={tmp_path}", f"cache_dir={SHARED_CACHE}"])
+    with open_dict(cfg):
+        del cfg["hydra"]
+    base = EagerBaseline().apply(Candidate(Target("minilm", "embedding", model_dir())))
+    ids = log_sweep(cfg, [("baseline", "accepted", base, 5.0)])
+    result = registry.promote(cfg.tracking, ids["baseline"], None)
+    model = mlflow.pyfunc.load_model(f"models:/{result.model_name}@champion",
+                                     model_config={"cache_dir": str(SHARED_CACHE)})
+    texts = ["how do I sort a list?", "sorted(xs) returns a new sorted list"]
+    vectors = np.array(model.predict(texts))
+    engine = build_engine(base, 2, SHARED_CACHE / "artefacts")
+    expected, _ = engine.embed(tokenized(load_tokenizer(model_dir()), texts, int(cfg.target.workload.max_tokens)))
+    assert vectors.shape == expected.shape and np.allclose(vectors, expected, atol=1e-5)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)

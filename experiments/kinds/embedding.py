@@ -21,6 +21,7 @@ class EmbeddingKind(Kind):
                "onnxruntime": "experiments.serving.encoder:OrtEncoder",
                "openvino": "experiments.serving.openvino_encoder:OpenVinoEncoder"}
     folders = "encoders (*Model or a sentence-transformers folder)"
+    packaged_as = "an embedding pyfunc (texts in, L2-normalised vectors out)"
     throughput_unit = "embeddings/s"
 
     def columns(self, top: int) -> list[tuple[str, str, str]]:
