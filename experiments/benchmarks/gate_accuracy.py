@@ -40,9 +40,10 @@ class DecoderNoise:
             p.copy_(clean)
 
 
-def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: int, sigmas, console):
-    """Per noise seed, at the calibrated scale and at HARMLESS_SCALE of it: (the accuracy criterion, the
-    fidelity criterion, documents whose score changed) against the clean model."""
+def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: int, sigmas, console,
+             scenarios=("drop", "harmless")):
+    """Per noise seed, at the calibrated scale ("drop") and at HARMLESS_SCALE of it ("harmless"): (the accuracy
+    criterion, the fidelity criterion, documents whose score changed) against the clean model."""
     engine = build_engine(base, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
     noise = DecoderNoise(engine.model)
     fid = cfg.gate.fidelity
@@ -67,9 +68,10 @@ def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: i
                           f"(seeds {', '.join(f'{d:+.4f}' for d in drops)})", highlight=False)
         sigma, how = calibrate(calibration)
         console.print(f"  calibrated: sigma {sigma:.3f} for a {TARGET_DROP:.2f} drop ({how})", highlight=False)
-        judged = {}
+        judged = {"drop": [], "harmless": []}
         for label, scale in (("drop", sigma), ("harmless", sigma * HARMLESS_SCALE)):
-            judged[label] = []
+            if label not in scenarios:
+                continue
             for seed in range(n):
                 noise.apply(scale, seed)
                 scored = measure()
@@ -81,7 +83,8 @@ def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: i
                 console.print(f"  {label} (sigma {scale:.3f}) seed {seed}: {flips} of {len(scored.per_doc)} documents "
                               f"changed, drop {c['drop']:+.4f} se {c['drop_se']:.4f} upper {c['drop_upper']:+.4f} -> "
                               f"{'pass' if acc.passed else 'REJECT'};  KL {f['kl_mean']:.3g} top-1 "
-                              f"{f['top1_agreement']:.3f} -> {'pass' if fidelity.passed else 'REJECT'}", highlight=False)
+                              f"{f['top1_agreement']:.3f} -> {'pass' if fidelity.passed else 'REJECT'}",
+                              highlight=False)
         return sigma, judged["drop"], judged["harmless"]
     finally:
         noise.restore()

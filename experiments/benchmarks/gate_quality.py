@@ -181,7 +181,7 @@ def summary(trials: list[Trial], verdicts, harmless, sigma: float, cfg_gate) -> 
         table.add_column(col)
     if trials:
         _performance_rows(table, trials)
-    if verdicts:
+    if verdicts or harmless:
         _accuracy_rows(table, verdicts, harmless, sigma)
     return table
 
@@ -213,6 +213,13 @@ def _performance_rows(table: Table, trials: list[Trial]) -> None:
 
 
 def _accuracy_rows(table: Table, verdicts, harmless, sigma: float) -> None:
+    if verdicts:
+        _drop_rows(table, verdicts, sigma)
+    if harmless:
+        _harmless_row(table, harmless, sigma)
+
+
+def _drop_rows(table: Table, verdicts, sigma: float) -> None:
     either = Rate(sum(not (a.passed and f.passed) for a, f, _ in verdicts), len(verdicts))
     drops = np.array([a.numbers["drop"] for a, _, _ in verdicts])
     table.add_row(*either.row(f"~{TARGET_DROP * 100:.0f}-point accuracy drop rejected by the gate",
@@ -223,6 +230,9 @@ def _accuracy_rows(table: Table, verdicts, harmless, sigma: float) -> None:
         rate = Rate(sum(not v[picked].passed for v in verdicts), len(verdicts))
         lo, hi = rate.interval()
         table.add_row(label, str(rate.n), f"{rate.share:.0%}", f"[{lo:.0%}, {hi:.0%}]", "", "", "")
+
+
+def _harmless_row(table: Table, harmless, sigma: float) -> None:
     passed = Rate(sum(a.passed and f.passed for a, f, _ in harmless), len(harmless))
     kept = np.array([a.numbers["drop"] for a, _, _ in harmless])
     flips = [k for _, _, k in harmless]
@@ -263,8 +273,8 @@ def main() -> None:
     parser.add_argument("--profile", default="demo",
                         help="the conf/profile whose gate settings judge (default demo, make sweep's; none: "
                              "conf/gate's own, 20 rounds of 1 s)")
-    parser.add_argument("--part", choices=("all", "performance", "accuracy"), default="all",
-                        help="only the performance trials or only the accuracy seeds")
+    parser.add_argument("--part", choices=("all", "performance", "accuracy", "harmless"), default="all",
+                        help="only the performance trials, only the accuracy seeds, or only the harmless ones")
     args = parser.parse_args()
     n = args.n if args.n is not None else (5 if args.quick else 20)
     sigmas = CALIBRATION_SIGMAS[::3] if args.quick else CALIBRATION_SIGMAS
@@ -294,11 +304,12 @@ def main() -> None:
         console.print(f"[bold]performance[/bold]: onnxruntime fp32 engine, closed loop c={CONCURRENCY}, {n} trials "
                       f"of (champion, same, +{SLOWDOWN:.0%} slowed, disturbing) in a drawn, balanced order")
         trials = performance(cfg, gate, base, workload, n, CONCURRENCY, console)
-    if args.part in ("all", "accuracy"):
+    if args.part in ("all", "accuracy", "harmless"):
+        scenarios = ("harmless",) if args.part == "harmless" else ("drop", "harmless")
         console.print(f"[bold]accuracy[/bold]: torch fp32 engine, lm-eval {', '.join(cfg.accuracy.tasks)} "
-                      f"({cfg.accuracy.limit} documents) and {len(windows)} fidelity windows, {n} noise seeds at "
-                      f"two scales")
-        sigma, verdicts, harmless = accuracy(cfg, gate, base, include_path, windows, n, sigmas, console)
+                      f"({cfg.accuracy.limit} documents) and {len(windows)} fidelity windows, {n} noise seeds: "
+                      f"{' and '.join(scenarios)}")
+        sigma, verdicts, harmless = accuracy(cfg, gate, base, include_path, windows, n, sigmas, console, scenarios)
 
     console.print(summary(trials, verdicts, harmless, sigma, cfg.gate))
     console.print(f"elapsed {time.perf_counter() - started:.0f} s")
