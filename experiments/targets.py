@@ -7,8 +7,8 @@ from pathlib import Path
 from experiments.errors import ConfigError
 from experiments.kinds import kind_of
 from experiments.models.corpus import Corpus, corpus_texts
-from experiments.models.gguf import ensure_converted
-from experiments.models.hf_folder import inspect as inspect_folder
+from experiments.models.gguf import check_architecture, ensure_converted
+from experiments.models.hf_folder import ModelFolder, inspect as inspect_folder
 from experiments.models.tiny_llm import TinyLlmRecipe, ensure_built, task_include_path
 from optimizers.base import Target
 
@@ -16,8 +16,8 @@ BUILTINS = {"builtin:tiny-llm": "causal-lm", "builtin:minilm": "embedding", "bui
 BUILTIN_NAMES = {"tiny-llm", "minilm", "smollm2"}
 
 
-def check_source(cfg_target) -> None:
-    """Cheap checks before any long work starts."""
+def check_source(cfg_target) -> ModelFolder | None:
+    """Cheap checks before any long work starts; the user's folder as inspected (None for a built-in or GGUF)."""
     source = str(cfg_target.source)
     if source.startswith("builtin:"):
         if source not in BUILTINS:
@@ -25,19 +25,21 @@ def check_source(cfg_target) -> None:
         if cfg_target.get("kind") != BUILTINS[source]:
             raise ConfigError(f"target.kind {cfg_target.get('kind')!r} does not match {source}, which is "
                               f"{BUILTINS[source]!r}", f"set target.kind={BUILTINS[source]} or drop the override")
-        return
+        return None
     path = Path(source).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         if _given_kind(cfg_target) not in (None, "causal-lm"):
             raise ConfigError(f"target.kind={cfg_target.kind} does not match {path.name}: a GGUF holds a causal LM",
                               "set target.kind=causal-lm or drop the override")
-    elif path.exists():
-        inspect_folder(path, _given_kind(cfg_target))
+        check_architecture(path)
+        return None
+    if path.exists():
+        folder = inspect_folder(path, _given_kind(cfg_target))
         if cfg_target.get("name") in BUILTIN_NAMES:
             raise ConfigError(f"target.source={source} is a model folder, but the target config is the built-in "
                               f"{cfg_target.name}'s", f"add target=folder: `roi-ladder sweep target=folder "
                               f"target.source={source}`")
-        return
+        return folder
     if "/" in source and not source.startswith((".", "/")) and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise ConfigError(f"target.source {source!r} looks like a hub id, but HF_HUB_OFFLINE=1 forbids downloads",
                           "download the model elsewhere, save it as a folder, and pass that folder's path")

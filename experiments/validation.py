@@ -76,7 +76,7 @@ def check_writable(data_dir: Path) -> None:
 
 def validate(cfg: DictConfig, env: Env | None = None) -> list[tuple[str, Optimizer]]:
     check_settings(cfg)
-    check_source(cfg.target)
+    folder = check_source(cfg.target)
     if isinstance(cfg.target.get("workload", {}).get("prompts"), str):   # the user's own traffic
         check_file(Path(cfg.target.workload.prompts))
     bench = cfg.benchmark
@@ -91,8 +91,9 @@ def validate(cfg: DictConfig, env: Env | None = None) -> list[tuple[str, Optimiz
         raise ConfigError(f"gate.objective.concurrency={obj.concurrency} is not a measured level {levels}",
                           "add it to benchmark.concurrency or pick one of the levels")
     check_writable(Path(cfg.data_dir))
-    if cfg.target.kind in kinds.names():   # a user's folder: its kind is known once inspected
-        kinds.kind_of(cfg.target.kind).check(cfg)
+    kind = folder.kind if folder else cfg.target.kind   # a user's folder: its kind is known once inspected
+    if kind in kinds.names():
+        kinds.kind_of(kind).check(cfg, folder.path if folder else None)
     rungs = load_rungs(cfg)
     check_required(cfg, rungs, env or Env.detect())
     return rungs

@@ -128,11 +128,14 @@ def test_bad_embedding_config_is_refused_before_work(tmp_path):
     cfg = compose(["target=minilm", "target.kind=causal-lm", f"data_dir={tmp_path}"])
     with pytest.raises(ConfigError, match="does not match builtin:minilm"):
         check_source(cfg.target)
-    from experiments import kinds
+    from experiments.validation import validate
 
     cfg = compose(["target=minilm", "target.scoring.recall_at=[0]", f"data_dir={tmp_path}"])
     with pytest.raises(ConfigError, match="recall_at"):
-        kinds.for_target(cfg, Target("minilm", "embedding", Path(model_dir())), ["a", "b"], None)
+        validate(cfg)
+    cfg = compose(["target=minilm", "target.scoring.min_cosine_min=0.999", f"data_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="min_cosine_min <= min_cosine_mean"):
+        validate(cfg)
 
 
 def test_slos_on_latencies_an_encoder_lacks_are_left_out():

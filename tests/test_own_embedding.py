@@ -139,3 +139,14 @@ def test_a_bad_line_is_refused_before_the_model_is_loaded(encoder, tmp_path):
 def test_without_a_file_the_builtin_retrieval_set_scores_it(encoder, tmp_path):
     kind = embedding_kind(encoder, tmp_path, "target.scoring.queries=50", "target.workload.texts=40")
     assert len(kind.retrieval.queries) == 50 and len(kind.texts) == 80 and kind.task == "minilm_retrieval"
+
+
+def test_a_bad_line_of_an_encoders_file_is_refused_by_validate_before_anything_is_recorded(encoder, tmp_path):
+    from experiments.validation import validate
+
+    path = write_lines(tmp_path / "t.jsonl", {"query": "q", "passage": "p"}, {"query": "r"})
+    cfg = compose([f"data_dir={tmp_path / 'data'}", "target=folder", f"target.source={encoder}",
+                   f"target.workload.prompts={path}"])
+    with pytest.raises(ConfigError, match="line 2"):
+        validate(cfg)
+    assert not (tmp_path / "data" / "mlflow.db").exists()

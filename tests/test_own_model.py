@@ -160,19 +160,23 @@ def test_generation_agreement_counts_identical_greedy_outputs():
 
 
 # --- GGUF -------------------------------------------------------------------------------------------------
-def test_a_gguf_of_an_architecture_the_loader_does_not_know_is_refused(tmp_path):
+def _madeup_gguf(path):
     import gguf
     import numpy as np
 
-    from experiments.models.gguf import convert
-
-    path = tmp_path / "madeup.gguf"
     writer = gguf.GGUFWriter(str(path), arch="madeup")
     writer.add_tensor("x", np.zeros(4, np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return path
+
+
+def test_a_gguf_of_an_architecture_the_loader_does_not_know_is_refused(tmp_path):
+    from experiments.models.gguf import convert
+
+    path = _madeup_gguf(tmp_path / "madeup.gguf")
     with pytest.raises(ConfigError, match="architecture 'madeup', which transformers' GGUF loader does not know"):
         convert(path, tmp_path / "out")
 
@@ -236,3 +240,64 @@ def test_an_lm_eval_task_whose_data_is_not_offline_is_refused_naming_the_dataset
     with pytest.raises(ConfigError, match=r"task 'hellaswag' reads the Hugging Face dataset Rowan/hellaswag, which is "
                                           r"not available offline.*load_dataset\('Rowan/hellaswag'\)"):
         check_offline(["hellaswag"], None)
+
+
+# --- refused in validate(), before the MLflow experiment exists or the model is built ----------------------------
+LONG = "def f(x):\n    return x\n" * 40
+BEFORE_WORK = [
+    ("qwen", [{"prompt": "a"}, "{not json"], [], r"line 2 is not valid JSON"),
+    ("llama", [{"prompt": "a"}, {"messages": [{"role": "user", "content": "hi"}]}], [],
+     r"line 2 holds chat messages, but the model's tokenizer has no chat template"),
+    ("qwen", [{"prompt": "x"}, {"prompt": LONG}], [], r"line 2: \d+ prompt tokens .* context window of 256"),
+    ("qwen", [{"query": "q", "passage": "p"}], [], r"line 1 is a query/passage pair.*not a causal LM"),
+    ("qwen", None, ["target.workload.input_tokens=[200]", "target.workload.output_tokens=[64]"],
+     r"up to 264 tokens .* context window of 256"),
+    ("qwen", [{"prompt": "a"}], ["accuracy.tasks=[hellaswag]"], r"Rowan/hellaswag, which is not available offline"),
+    ("gguf", None, [], r"architecture 'madeup', which transformers' GGUF loader does not know"),
+]
+
+
+@pytest.mark.parametrize("model, lines, extra, message", BEFORE_WORK,
+                         ids=["bad-line", "chat-no-template", "past-context", "pair-for-causal-lm",
+                              "synthetic-past-context", "task-not-offline", "gguf-unknown-architecture"])
+def test_a_users_bad_data_is_refused_by_validate_before_anything_is_recorded(model, lines, extra, message, llama,
+                                                                             qwen, tmp_path, monkeypatch):
+    from experiments.validation import validate
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    source = {"llama": llama, "qwen": qwen}.get(model) or _madeup_gguf(tmp_path / "madeup.gguf")
+    args = [f"data_dir={tmp_path / 'data'}", "target=folder", f"target.source={source}", *extra]
+    if lines is not None:
+        args.append(f"target.workload.prompts={write_lines(tmp_path / 'p.jsonl', *lines)}")
+    with pytest.raises(ConfigError, match=message):
+        validate(compose(args))
+    assert not (tmp_path / "data" / "mlflow.db").exists()
+
+
+def test_a_bad_prompts_line_stops_the_sweep_before_its_experiment_is_created(qwen, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    prompts = write_lines(tmp_path / "p.jsonl", {"prompt": "a"}, "{not json")
+    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "sweep", "target=folder",
+                           f"target.source={qwen}", f"target.workload.prompts={prompts}",
+                           f"data_dir={tmp_path / 'data'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().startswith("error: ") and "line 2 is not valid JSON" in proc.stderr, proc.stderr
+    assert not (tmp_path / "data" / "mlflow.db").exists()
+
+
+def test_a_kind_the_folder_does_not_show_can_be_given(llama, tmp_path):
+    folder = tmp_path / "masked"
+    shutil.copytree(llama, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"architectures": ["LlamaModel"]}))
+    (folder / "modules.json").unlink(missing_ok=True)
+    assert inspect(folder).kind == "embedding"    # a bare *Model reads as an encoder
+    config["architectures"] = ["BertForMaskedLM"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="cannot tell its kind.*set target.kind"):
+        inspect(folder)
+    assert inspect(folder, "embedding").kind == "embedding"

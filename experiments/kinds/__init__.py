@@ -56,8 +56,9 @@ class Kind:
         """Whether a Hugging Face folder with this architecture holds a model of this kind."""
         return False
 
-    def check(self, cfg) -> None:
-        """Cheap checks of the config before any long work (the model need not be built yet)."""
+    def check(self, cfg, model_dir: Path | None = None) -> None:
+        """Cheap checks of the config before any long work; model_dir: the user's folder, already on disk, that
+        the user's data can be checked against (None for a model still to build or convert)."""
 
     def folder_texts(self, cfg_target, path: Path) -> list[str]:
         """The texts a user's folder of this kind has its workload cut from; refuses what it cannot serve."""

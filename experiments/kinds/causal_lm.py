@@ -48,11 +48,29 @@ class CausalLMKind(Kind):
     def claims(self, path: Path, architecture: str) -> bool:
         return architecture.endswith("ForCausalLM") and not (path / "modules.json").exists()
 
-    def check(self, cfg) -> None:
+    def check(self, cfg, model_dir: Path | None = None) -> None:
+        """The task folder; with the user's folder already on disk, also the tasks' data (offline?) and the
+        workload against its tokenizer and context window: a bad prompts line is refused before anything is
+        recorded, not after the experiment is created."""
         from experiments.accuracy import check_tasks
+        from experiments.task_data import check_offline
 
-        if cfg.accuracy.include_path:   # shipped tasks are known once the model is built
-            check_tasks(list(cfg.accuracy.tasks), Path(cfg.accuracy.include_path))
+        tasks, include = list(cfg.accuracy.tasks), cfg.accuracy.include_path
+        if include:   # shipped tasks are known once the model is built
+            check_tasks(tasks, Path(include))
+        if model_dir is None:
+            return
+        if tasks or include:
+            check_tasks(tasks, Path(include) if include else None)
+            check_offline(tasks, Path(include) if include else None)
+        context = context_length(json.loads((Path(model_dir) / "config.json").read_text()))
+        wl = cfg.target.workload
+        if isinstance(wl.get("prompts"), str):
+            from experiments import prompts_file
+
+            prompts_file.read(Path(wl.prompts), load_tokenizer(model_dir), wl.output_tokens, context, cfg.seed)
+        else:
+            check_window(wl, context)
 
     def folder_texts(self, cfg_target, path: Path) -> list[str]:
         return corpus_texts(cfg_target.workload.get("corpus"))
@@ -118,11 +136,7 @@ class CausalLMScorer:
             requests = prompts_file.read(Path(wl.prompts), self.tokenizer, wl.output_tokens, self.context_length,
                                          cfg.seed)
             return prompts_file.workload(requests, warmup, cfg.seed)
-        longest = max(wl.input_tokens) + max(wl.output_tokens) + int(wl.get("shared_prefix_tokens", 0))
-        if self.context_length is not None and longest > self.context_length:
-            raise ConfigError(f"target.workload asks for up to {longest} tokens (input + output + shared prefix), "
-                              f"more than the model's context window of {self.context_length}",
-                              "lower target.workload.input_tokens or output_tokens")
+        check_window(wl, self.context_length)
         count = int(wl.get("requests", wl.get("prompts")))
         return Workload.from_texts(self.texts, self.tokenizer, wl.input_tokens, wl.output_tokens, count,
                                    warmup, cfg.seed, wl.shared_prefix_tokens)
@@ -163,6 +177,15 @@ class CausalLMScorer:
         if drift.agreement is not None:
             criteria.append(agreement.judge(drift.agreement, float(self.agreement.min_share), confidence))
         return criteria
+
+
+def check_window(wl, context: int | None) -> None:
+    """Synthetic prompts: the longest request must fit the model's context window."""
+    longest = max(wl.input_tokens) + max(wl.output_tokens) + int(wl.get("shared_prefix_tokens", 0))
+    if context is not None and longest > context:
+        raise ConfigError(f"target.workload asks for up to {longest} tokens (input + output + shared prefix), "
+                          f"more than the model's context window of {context}",
+                          "lower target.workload.input_tokens or output_tokens")
 
 
 def _stop_ids(config: dict, tokenizer) -> list[int]:

@@ -38,6 +38,22 @@ class EmbeddingKind(Kind):
     def claims(self, path: Path, architecture: str) -> bool:
         return (path / "modules.json").exists() or architecture.endswith("Model")
 
+    def check(self, cfg, model_dir: Path | None = None) -> None:
+        """The scoring settings, related to each other and to the user's file of texts and pairs (read here:
+        a bad line is refused before anything is recorded). No tokenizer needed."""
+        from experiments import retrieval_file
+
+        sc = cfg.target.scoring
+        if not 0 < float(sc.min_cosine_min) <= float(sc.min_cosine_mean) <= 1:
+            raise ConfigError(f"target.scoring cosine bounds must satisfy 0 < min_cosine_min <= min_cosine_mean "
+                              f"<= 1, got {sc.min_cosine_min}, {sc.min_cosine_mean}", "e.g. 0.95 and 0.99")
+        if isinstance(cfg.target.workload.get("prompts"), str):
+            own = retrieval_file.read(Path(cfg.target.workload.prompts))
+            retrieval_file.check_recall_at(cfg.target.workload.prompts, own, list(sc.recall_at))
+        elif max(int(k) for k in sc.recall_at) > int(sc.queries):
+            raise ConfigError(f"target.scoring.recall_at {list(sc.recall_at)} asks for more passages than the "
+                              f"{sc.queries} queries have", "keep every k <= target.scoring.queries")
+
     def folder_texts(self, cfg_target, path: Path) -> list[str]:
         from experiments.models.hf_folder import check_pooling
         from experiments.models.minilm import RetrievalSet
@@ -63,23 +79,14 @@ class EmbeddingScorer:
         from experiments.embedding_eval import TASK_NAME, USER_TASK_NAME
         from experiments.models.minilm import RetrievalSet
 
+        KIND.check(cfg)
         self.cfg, self.texts = cfg, texts
         self.scoring = sc = cfg.target.scoring
-        if not list(sc.recall_at) or any(int(k) < 1 for k in sc.recall_at):
-            raise ConfigError(f"target.scoring.recall_at must list k >= 1, got {list(sc.recall_at)}",
-                              "e.g. target.scoring.recall_at=[1,5]")
-        if not 0 < float(sc.min_cosine_min) <= float(sc.min_cosine_mean) <= 1:
-            raise ConfigError(f"target.scoring cosine bounds must satisfy 0 < min_cosine_min <= min_cosine_mean "
-                              f"<= 1, got {sc.min_cosine_min}, {sc.min_cosine_mean}", "e.g. 0.95 and 0.99")
         self.task, self.extra = TASK_NAME, ()
         if isinstance(cfg.target.workload.get("prompts"), str):   # the user's own texts, and pairs to retrieve
             own = retrieval_file.read(Path(cfg.target.workload.prompts))
             self.texts, self.retrieval, self.extra, self.task = own.texts(), own.retrieval, own.extra, USER_TASK_NAME
-            retrieval_file.check_recall_at(cfg.target.workload.prompts, own, list(sc.recall_at))
         else:
-            if max(int(k) for k in sc.recall_at) > int(sc.queries):
-                raise ConfigError(f"target.scoring.recall_at {list(sc.recall_at)} asks for more passages than the "
-                                  f"{sc.queries} queries have", "keep every k <= target.scoring.queries")
             self.retrieval = RetrievalSet.from_stdlib(int(sc.queries), int(cfg.seed))
         self.tokenizer = load_tokenizer(target.model_dir)
         self.reference = None   # the fp32 baseline's embeddings of the same texts, once measured

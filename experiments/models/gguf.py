@@ -48,12 +48,9 @@ def ensure_converted(gguf_path: Path, cache_dir: Path, progress: Callable[[str],
 def convert(gguf_path: Path, out: Path, progress: Callable[[str], None] = print) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES, load_gguf_checkpoint
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    architecture = gguf_architecture(gguf_path)
-    if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
-        raise ConfigError(f"{gguf_path.name} is a GGUF of architecture {architecture!r}, which transformers' GGUF "
-                          f"loader does not know", f"use a GGUF of one of: {', '.join(GGUF_SUPPORTED_ARCHITECTURES)}")
+    architecture = check_architecture(gguf_path)
     meta = load_gguf_checkpoint(str(gguf_path))   # metadata only
     tokenizer = gguf_tokenizer(meta, meta["config"]["model_type"])
     check_round_trip(tokenizer, gguf_path.name)
@@ -69,6 +66,17 @@ def convert(gguf_path: Path, out: Path, progress: Callable[[str], None] = print)
     check_round_trip(AutoTokenizer.from_pretrained(out), f"{gguf_path.name} (as saved)")
     (out / "source.json").write_text(json.dumps({"gguf": gguf_path.name, "sha256": sha256(gguf_path),
                                                  "dequantized_from": "the GGUF's quantized weights"}, indent=1))
+
+
+def check_architecture(gguf_path: Path) -> str:
+    """The GGUF's architecture, refused unless transformers' GGUF loader knows it (its header only: cheap)."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    architecture = gguf_architecture(gguf_path)
+    if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise ConfigError(f"{gguf_path.name} is a GGUF of architecture {architecture!r}, which transformers' GGUF "
+                          f"loader does not know", f"use a GGUF of one of: {', '.join(GGUF_SUPPORTED_ARCHITECTURES)}")
+    return architecture
 
 
 def gguf_architecture(path: Path) -> str:

@@ -49,7 +49,7 @@ def inspect(path: Path, kind: str | None = None) -> ModelFolder:
     if not hasattr(transformers, architecture):
         raise ConfigError(f"model folder {path}: architecture {architecture!r} is not shipped by transformers "
                           f"{transformers.__version__}", "use a model of an architecture this transformers knows")
-    detected = detect_kind(path, architecture)
+    detected = detect_kind(path, architecture, given=kind)
     if kind is not None and kind != detected:
         raise ConfigError(f"target.kind={kind} does not match the model folder {path}, which holds "
                           f"{architecture}{' with modules.json' if (path / 'modules.json').exists() else ''}: a {detected} model",
@@ -57,11 +57,12 @@ def inspect(path: Path, kind: str | None = None) -> ModelFolder:
     return ModelFolder(path, detected, architecture, context_length(config))
 
 
-def detect_kind(path: Path, architecture: str) -> str:
-    """The kind whose folders look like this one (experiments/kinds: each kind says what its folders hold)."""
+def detect_kind(path: Path, architecture: str, given: str | None = None) -> str:
+    """The kind whose folders look like this one (experiments/kinds: each kind says what its folders hold); the
+    given kind where none claims it (the user knows, e.g. an encoder saved as BertForMaskedLM)."""
     from experiments import kinds
 
-    found = kinds.detect(path, architecture)
+    found = kinds.detect(path, architecture) or given
     if found is None:
         served = " and ".join(kinds.kind_of(name).folders for name in kinds.names())
         raise ConfigError(f"model folder {path}: cannot tell its kind from architecture {architecture!r}",
