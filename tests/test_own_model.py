@@ -301,3 +301,23 @@ def test_a_kind_the_folder_does_not_show_can_be_given(llama, tmp_path):
     with pytest.raises(ConfigError, match="cannot tell its kind.*set target.kind"):
         inspect(folder)
     assert inspect(folder, "embedding").kind == "embedding"
+
+
+def test_the_corpus_is_a_file_or_a_folder_of_text_and_a_missing_one_is_refused_before_work(qwen, tmp_path):
+    from experiments.models.corpus import texts_from
+    from experiments.validation import validate
+
+    (tmp_path / "docs" / "sub").mkdir(parents=True)
+    (tmp_path / "docs" / "b.txt").write_text("second text")
+    (tmp_path / "docs" / "sub" / "a.md").write_text("first text")
+    (tmp_path / "docs" / "blob.bin").write_bytes(b"\xff\xfe\x00 not utf-8 \xff")
+    (tmp_path / "docs" / "blank.txt").write_text("  \n")
+    assert texts_from(tmp_path / "docs") == ["second text", "first text"]   # sorted paths, binary and blank skipped
+    assert texts_from(tmp_path / "docs" / "b.txt") == ["second text"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="holds no UTF-8 text"):
+        texts_from(tmp_path / "empty")
+    cfg = compose([f"data_dir={tmp_path / 'data'}", "target=folder", f"target.source={qwen}",
+                   f"target.workload.corpus={tmp_path / 'nope'}"])
+    with pytest.raises(ConfigError, match="target.workload.corpus .*nope does not exist"):
+        validate(cfg)

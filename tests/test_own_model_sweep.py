@@ -71,6 +71,8 @@ def test_a_quick_sweep_on_a_users_folder(architecture, tmp_path):
     n_prompts = 12 if architecture.startswith("Qwen2") else 8
     assert base.metrics["agreement/n_prompts"] == n_prompts and base.metrics["agreement/share"] == 1.0
     assert 0 <= base.metrics["accuracy/own_mc/acc_mutual_info"] <= 1
+    # capacity planned from the folder model's own measurements (or the reason no level met the tier)
+    assert base.tags["roi.capacity"].startswith("no plan: ") or base.metrics["capacity/replicas"] >= 1
     # the challenger was gated on the user's task, fidelity and generation agreement with the baseline
     for criterion in ("accuracy", "fidelity", "generation_agreement"):
         assert ort.tags[f"roi.gate.{criterion}"].startswith("pass"), ort.tags[f"roi.gate.{criterion}"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from experiments.errors import ConfigError
 from experiments.kinds import Kind, load_tokenizer
-from experiments.models.corpus import corpus_texts
+from experiments.models.corpus import check_corpus, corpus_texts
 from experiments.models.hf_folder import context_length
 from experiments.names import LATENCY_METRICS
 from experiments.workload import Workload
@@ -55,6 +55,8 @@ class CausalLMKind(Kind):
         from experiments.accuracy import check_tasks
         from experiments.task_data import check_offline
 
+        if cfg.target.workload.get("corpus"):
+            check_corpus(cfg.target.workload.corpus)
         tasks, include = list(cfg.accuracy.tasks), cfg.accuracy.include_path
         if include:   # shipped tasks are known once the model is built
             check_tasks(tasks, Path(include))

@@ -38,14 +38,22 @@ def code_lines(text: str, min_chars: int = 1) -> list[str]:
     return [ln.rstrip() for ln in text.splitlines() if len(ln.strip()) >= min_chars]
 
 
+def check_corpus(path) -> Path:
+    """Before any work: the corpus is there (its texts are read once the model is)."""
+    from experiments.errors import ConfigError
+
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ConfigError(f"target.workload.corpus {path} does not exist", "pass a text file or a folder of them")
+    return path
+
+
 def texts_from(path) -> list[str]:
     """The text of a file, or of every file under a folder (sorted; files that are not UTF-8 text skipped)."""
     from experiments.errors import ConfigError
 
-    path = Path(path).expanduser()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
-    if not path.exists():
-        raise ConfigError(f"target.workload.corpus {path} does not exist", "pass a text file or a folder of them")
+    path = check_corpus(path)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     texts = []
     for f in files:
         try:
