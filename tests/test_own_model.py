@@ -187,7 +187,14 @@ def test_the_tokenizer_check_refuses_a_tokenizer_that_loses_spaces(qwen):
     from experiments.models.gguf import check_round_trip
 
     tok = tokenizer(qwen)
-    check_round_trip(tok, "tiny-qwen2")
+    check_round_trip(tok, "tiny-qwen2", reference=tokenizer(qwen))
+
+    class SplitsOtherwise:   # another vocabulary's ids for the same text: round-trips, but not the model's
+        def encode(self, text, add_special_tokens=False):
+            return [i + 1 for i in tok.encode(text, add_special_tokens=add_special_tokens)]
+
+    with pytest.raises(RuntimeError, match="not as the GGUF's vocabulary does"):
+        check_round_trip(tok, "tiny-qwen2", reference=SplitsOtherwise())
     tok.backend_tokenizer.normalizer = normalizers.Replace(" ", "")
     with pytest.raises(RuntimeError, match="does not round-trip"):
         check_round_trip(tok, "tiny-qwen2")
@@ -207,10 +214,10 @@ def test_smollm2s_gguf_tokenizer_round_trips_where_the_loaders_does_not(tmp_path
     AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(tmp_path / "theirs")
     with pytest.raises(RuntimeError, match="does not round-trip"):
         check_round_trip(AutoTokenizer.from_pretrained(tmp_path / "theirs"), path.name)
-    ours = gguf_tokenizer(load_gguf_checkpoint(str(path)), "llama")
-    ours.save_pretrained(tmp_path / "ours")
+    built = gguf_tokenizer(load_gguf_checkpoint(str(path)), "llama")
+    built.save_pretrained(tmp_path / "ours")
     ours = AutoTokenizer.from_pretrained(tmp_path / "ours")
-    check_round_trip(ours, path.name)
+    check_round_trip(ours, path.name, reference=built)   # saved and loaded again, it encodes as built
     assert (ours.bos_token, ours.eos_token) == ("<|im_start|>", "<|im_end|>")
     assert ours("Paris").input_ids == ours("Paris", add_special_tokens=False).input_ids   # no BOS prepended
 

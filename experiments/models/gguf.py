@@ -63,7 +63,7 @@ def convert(gguf_path: Path, out: Path, progress: Callable[[str], None] = print)
     tokenizer.save_pretrained(out)
     # What the engines will load: the trap shows only after a save and reload (the class named in
     # tokenizer_config.json rebuilds the backend), so the saved folder is what must round-trip.
-    check_round_trip(AutoTokenizer.from_pretrained(out), f"{gguf_path.name} (as saved)")
+    check_round_trip(AutoTokenizer.from_pretrained(out), f"{gguf_path.name} (as saved)", reference=tokenizer)
     (out / "source.json").write_text(json.dumps({"gguf": gguf_path.name, "sha256": sha256(gguf_path),
                                                  "dequantized_from": "the GGUF's quantized weights"}, indent=1))
 
@@ -106,8 +106,9 @@ def gguf_tokenizer(meta: dict, architecture: str):
     return tokenizer
 
 
-def check_round_trip(tokenizer, what: str) -> None:
-    """Every sample text encodes without unknown tokens and decodes back to itself."""
+def check_round_trip(tokenizer, what: str, reference=None) -> None:
+    """Every sample text encodes without unknown tokens and decodes back to itself; with a reference (the
+    tokenizer built from the GGUF's own vocabulary and merges), to the same token ids as it."""
     unknown = {tokenizer.unk_token_id} - {None}
     for text in SAMPLE_TEXTS:
         ids = tokenizer.encode(text, add_special_tokens=False)
@@ -116,3 +117,7 @@ def check_round_trip(tokenizer, what: str) -> None:
             raise RuntimeError(f"the tokenizer converted from {what} does not round-trip {text!r}: it decodes to "
                                f"{back!r} via {len(ids)} tokens {ids[:12]}...; refusing to serve a model behind a "
                                f"broken tokenizer")
+        if reference is not None and ids != (want := reference.encode(text, add_special_tokens=False)):
+            raise RuntimeError(f"the tokenizer converted from {what} encodes {text!r} as {ids[:12]}..., not as the "
+                               f"GGUF's vocabulary does ({want[:12]}...); refusing to serve a model behind a "
+                               f"tokenizer the model was not trained with")
