@@ -169,7 +169,7 @@ def check_tasks(tasks: list[str], include_path: Path | None) -> None:
                           "point it at an existing folder of lm-eval task YAMLs, or set it to null")
     if not tasks:
         raise ConfigError("accuracy.tasks is empty", "list at least one task, e.g. accuracy.tasks=[hellaswag]")
-    known = task_manager(tasks, include_path).all_tasks
+    known = task_index(tuple(tasks), include_path).all_tasks
     unknown = [t for t in tasks if t not in known]
     if unknown:
         near = {t: difflib.get_close_matches(t, known, n=1) for t in unknown}
@@ -178,6 +178,12 @@ def check_tasks(tasks: list[str], include_path: Path | None) -> None:
         raise ConfigError(f"unknown lm-eval task(s): {', '.join(unknown)} (searched {where})",
                           (hints + "; otherwise " if hints else "") + "use a task lm-eval knows, or set "
                           "accuracy.include_path to a folder holding its YAML")
+
+
+@functools.lru_cache(maxsize=8)
+def task_index(tasks: tuple[str, ...], include_path: Path | None):
+    """task_manager's, kept for the checks: validate() and the scorer check one sweep's tasks, each index ~10 s."""
+    return task_manager(list(tasks), include_path)
 
 
 def task_manager(tasks: list[str], include_path: Path | None):

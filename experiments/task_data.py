@@ -12,9 +12,9 @@ LOCAL_BUILDERS = {"json", "csv", "text", "parquet", "arrow"}
 
 
 def check_offline(tasks: list[str], include_path: Path | None) -> None:
-    from experiments.accuracy import task_manager
+    from experiments.accuracy import task_index
 
-    index = task_manager(tasks, include_path).task_index
+    index = task_index(tuple(tasks), include_path).task_index
     for name in tasks:
         entry = index.get(name)
         cfg = (entry.cfg or {}) if entry is not None else {}

@@ -57,14 +57,14 @@ class CausalLMKind(Kind):
 
         if cfg.target.workload.get("corpus"):
             check_corpus(cfg.target.workload.corpus)
-        tasks, include = list(cfg.accuracy.tasks), cfg.accuracy.include_path
-        if include:   # shipped tasks are known once the model is built
-            check_tasks(tasks, Path(include))
+        tasks = list(cfg.accuracy.tasks)
+        include = Path(cfg.accuracy.include_path) if cfg.accuracy.include_path else None
+        if include is not None or (model_dir is not None and tasks):   # a built-in's shipped tasks: once built
+            check_tasks(tasks, include)
         if model_dir is None:
             return
-        if tasks or include:
-            check_tasks(tasks, Path(include) if include else None)
-            check_offline(tasks, Path(include) if include else None)
+        if tasks or include is not None:
+            check_offline(tasks, include)
         context = context_length(json.loads((Path(model_dir) / "config.json").read_text()))
         wl = cfg.target.workload
         if isinstance(wl.get("prompts"), str):
