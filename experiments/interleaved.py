@@ -62,7 +62,7 @@ class Rounds:
 def _by_prompt(level: LevelReport, metric: str) -> dict[int, float]:
     """Each prompt's first successful request in the run -> its metric."""
     if metric == Metric.ITL_MS:
-        metric = Metric.TPOT_MS      # a request's mean inter-token latency is its TPOT
+        metric = Metric.TPOT_MS      # one value per request to pair: the mean of its ITLs, its TPOT
     out: dict[int, float] = {}
     for rec in level.records:
         if rec.ok and rec.prompt.id not in out:

@@ -98,5 +98,5 @@ class LevelReport:
                     batches[r.engine_start] = max(batches.get(r.engine_start, 0.0), r.token_times[-1] - r.engine_start)
             return np.array(list(batches.values())) * 1e3
         if metric == Metric.ITL_MS:
-            return np.concatenate([np.diff(r.token_times) * 1e3 for r in ok]) if ok else np.array([])
+            return np.array([gap for r in ok for gap in r.itl_ms()])
         return np.array([m[metric] for m in (r.metrics() for r in ok) if metric in m])

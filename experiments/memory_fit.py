@@ -12,10 +12,9 @@ import struct
 from pathlib import Path
 
 from experiments.errors import ConfigError
+from experiments.roofline import weight_and_kv_bytes
 from optimizers.base import Candidate, Recipe
 
-BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
-QUANTIZED = {"int8": 1.0, "int4": 0.5, "fp8": 1.0}
 ELEMENT_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                  "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 NATIVE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -52,9 +51,7 @@ def _safetensors_count(path: Path) -> int:
 
 
 def bytes_per_parameter(recipe: Recipe) -> float:
-    if recipe.quantization in QUANTIZED:
-        return QUANTIZED[recipe.quantization]
-    return BYTES.get(recipe.precision, 4.0)
+    return weight_and_kv_bytes(recipe.precision, recipe.quantization)[0]
 
 
 def needed_bytes(cand: Candidate) -> tuple[int, int]:
@@ -83,7 +80,7 @@ def refusal(cand: Candidate, setting=None) -> str | None:
     if needed <= have:
         return None
     recipe = cand.recipe
-    dtype = recipe.quantization if recipe.quantization in QUANTIZED else recipe.precision
+    dtype = recipe.quantization if recipe.quantization != "none" else recipe.precision
     return (f"the weights of {cand.target.name} need about {needed / GIB:.2f} GiB at {dtype} ({params / 1e6:.1f} M "
             f"parameters x {bytes_per_parameter(recipe):g} bytes, +{MARGIN - 1:.0%} for activations and the "
             f"runtime), more than the {have / GIB:.2f} GiB of memory here ({source})")

@@ -54,7 +54,7 @@ class Metric:
     E2E_MS = "e2e_ms"            # arrival to last token (an encoder: to the embedding)
     TTFT_MS = "ttft_ms"          # arrival to first token (decoders only)
     TPOT_MS = "tpot_ms"          # mean time per output token after the first
-    ITL_MS = "itl_ms"            # worst gap between two tokens of a request
+    ITL_MS = "itl_ms"            # gaps between consecutive tokens (RequestRecord.itl_ms)
     QUEUE_MS = "queue_ms"        # arrival to the engine's start on it
     MODEL_MS = "model_ms"        # engine compute
     BATCH_MS = "batch_ms"        # one batch's forward pass (batching encoders)

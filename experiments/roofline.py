@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 # Bytes per stored value; int4 packs two weights per byte.
-DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
+# bytes per stored value, of a precision or of a weight quantization scheme (memory_fit sizes with it too)
+DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "fp8": 1.0, "int4": 0.5}
 
 
 def weight_and_kv_bytes(precision: str, quantization: str) -> tuple[float, float]:

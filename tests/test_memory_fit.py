@@ -28,7 +28,8 @@ def test_parameters_are_read_from_the_safetensors_headers(qwen):
 
 @pytest.mark.parametrize("recipe,per_param", [
     (Recipe(), 4), (Recipe(precision="bf16"), 2), (Recipe(precision="fp16"), 2),
-    (Recipe(quantization="int8"), 1), (Recipe(precision="bf16", quantization="int4"), 0.5)])
+    (Recipe(quantization="int8"), 1), (Recipe(precision="bf16", quantization="fp8"), 1),
+    (Recipe(precision="bf16", quantization="int4"), 0.5)])
 def test_bytes_per_parameter_follow_the_recipe(recipe, per_param):
     assert memory_fit.bytes_per_parameter(recipe) == per_param
 

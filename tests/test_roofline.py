@@ -93,6 +93,7 @@ def test_weight_and_kv_bytes_of_a_recipe():
     assert weight_and_kv_bytes("fp32", "none") == (4.0, 4.0)
     assert weight_and_kv_bytes("fp16", "int4") == (0.5, 2.0)
     assert weight_and_kv_bytes("fp32", "int8") == (1.0, 4.0)
+    assert weight_and_kv_bytes("bf16", "fp8") == (1.0, 2.0)      # an fp8 champion's diagnosis reads it too
 
 
 def test_report_metrics_markdown_and_plot(llama7b, tmp_path):

@@ -7,7 +7,10 @@ from conftest import compose
 from experiments.benchmark import run_benchmark
 from experiments.errors import ConfigError
 from experiments.validation import validate
-from experiments.slo import SLO, sla_capacity
+from experiments.level import LevelReport
+from experiments.names import Metric
+from experiments.serving.request import Prompt, RequestRecord
+from experiments.slo import SLO, request_meets, sla_capacity
 from test_benchmark import CFG, ScriptedEngine, workload
 
 
@@ -50,6 +53,15 @@ def test_sla_capacity_brackets_then_bisects_to_the_known_answer():
 def test_sla_capacity_reports_when_even_the_lowest_level_misses():
     result = sla_capacity(FakeLevel, [2, 4], [SLO.parse("mean_e2e_ms<=50")])
     assert result.concurrency is None and "already misses" in result.reason
+
+
+def test_itl_is_one_definition_pooled_by_a_level_bounded_per_gap_by_an_slo():
+    rec = RequestRecord(Prompt(0, (1, 2), 4), arrival=0.0, token_times=[0.050, 0.060, 0.090, 0.100])
+    assert rec.itl_ms() == pytest.approx([10.0, 30.0, 10.0])
+    assert rec.metrics()[Metric.TPOT_MS] == pytest.approx(np.mean(rec.itl_ms()))
+    assert request_meets(rec, [SLO.parse("p99_itl_ms<=30.5")]) and not request_meets(rec, [SLO.parse("p99_itl_ms<=25")])
+    level = LevelReport(1, 1.0, (rec, rec), {}, cpu_percent_mean=0.0, rss_mb_max=0.0, min_requests_met=True)
+    assert sorted(level.values(Metric.ITL_MS)) == pytest.approx([10.0, 10.0, 10.0, 10.0, 30.0, 30.0])
 
 
 def test_goodput_counts_errors_as_misses_and_capacity_runs_in_the_benchmark():

@@ -67,3 +67,9 @@ class RequestRecord:
         if len(t) > 1:
             m[Metric.TPOT_MS] = (t[-1] - t[0]) * 1e3 / (len(t) - 1)
         return m
+
+    def itl_ms(self) -> list[float]:
+        """Inter-token latencies, the one definition: the gaps between consecutive tokens (ms). A level pools
+        them over its requests; a request meets an ITL SLO when each of its gaps does; their mean is the TPOT."""
+        t = self.token_times
+        return [(b - a) * 1e3 for a, b in zip(t, t[1:])]
