@@ -25,7 +25,7 @@ from experiments.level import LevelReport
 from experiments.load import run_level
 from experiments.serving import build_engine
 from experiments.serving.servers import serve
-from optimizers.base import Candidate
+from experiments.recipe import Candidate
 
 WHAT_WAS_DONE = ("each measurement in a fresh process of its own (fork-server child): the rung's load ladder and "
                  "scores, the soak, and each side of the gate's rounds (champion and challenger each built once in "

@@ -17,7 +17,7 @@ from experiments.workload import Workload
 from experiments.errors import ConfigError
 from experiments.validation import load_rungs
 from experiments.targets import resolve
-from optimizers.base import Candidate, Env
+from experiments.recipe import Candidate, Env
 from optimizers.placement import placed
 
 # Sampled in this process, which for an endpoint run is the load generator, not the server.

@@ -24,7 +24,7 @@ from experiments.sweep_report import diagnose_sweep, sweep_figures
 from experiments.targets import resolve
 from experiments.ui import EXPERIMENT_KIND, ladder_view_url, run_url, save_ladder_view, ui_base
 from experiments.validation import validate
-from optimizers.base import Env
+from experiments.recipe import Env
 from optimizers.baseline import EagerBaseline
 from optimizers.placement import placed, resolve_device
 
@@ -111,7 +111,8 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         _log_review(outcomes, champion, sweep, f"ROI ladder: {target.name}, sweep {sweep_id}")
     book.finish("finished")     # after the parent run ended: a kill before this redoes only the closing steps
     view = f"sweep-{sweep_id}"
-    save_ladder_view(mlflow.MlflowClient(), experiment_id, view, parent.info.run_id)
+    save_ladder_view(mlflow.MlflowClient(), experiment_id, view, parent.info.run_id,
+                     kinds.kind_of(target.kind).key_metrics)
     base = ui_base(cfg.tracking)
     urls = (ladder_view_url(base, experiment_id, view), run_url(base, experiment_id, parent.info.run_id))
     return SweepResult(parent.info.run_id, experiment_id, outcomes, champion, urls)

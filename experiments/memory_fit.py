@@ -13,7 +13,7 @@ from pathlib import Path
 
 from experiments.errors import ConfigError
 from experiments.roofline import weight_and_kv_bytes
-from optimizers.base import Candidate, Recipe
+from experiments.recipe import Candidate, Recipe
 
 ELEMENT_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                  "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}

@@ -8,7 +8,7 @@ from experiments.benchmark import BenchmarkReport
 from experiments.fidelity import FidelityReport
 from experiments.gate import Verdict
 from experiments.kinds import DEFAULT_KIND, kind_of
-from optimizers.base import Candidate
+from experiments.recipe import Candidate
 
 
 @dataclass

@@ -30,10 +30,9 @@ from experiments.cache import locked
 from experiments.errors import ConfigError
 from experiments.names import Tag
 from experiments.targets import model_path
-from optimizers.base import Recipe
+from experiments.recipe import Recipe
 
 CHAMPION = "champion"
-KEY_METRICS = ("e2e_ms_p50", "tpot_ms_p50", "output_tokens_per_s")
 PACKAGE_NAME = "candidate"
 MAX_TAG_CHARS = 5000
 MISSING = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")   # what MLflow answers for an unknown id
@@ -81,7 +80,7 @@ def promote(tracking_cfg, run_id: str | None = None, model_name: str | None = No
         # Read the old champion, register and move the alias as one step, or two promotions racing could
         # both point rollback_to at the same version and lose one from the chain.
         previous = _champion_version(client, name) or ""
-        version = str(mlflow.register_model(model_uri, name, tags=_version_tags(run, previous)).version)
+        version = str(mlflow.register_model(model_uri, name, tags=_version_tags(run, previous, kind)).version)
         client.set_registered_model_alias(name, CHAMPION, version)
     client.set_tag(run.info.run_id, Tag.PROMOTED_VERSION, f"{name}/{version}")
     return PromotionResult(name, version, run.info.run_id, previous)
@@ -128,17 +127,18 @@ def _default_name(sweep) -> str:
     return f"roi-ladder-{sweep.data.params.get('target.name') or sweep.data.tags[Tag.TARGET]}"
 
 
-def _version_tags(run, rollback_to: str) -> dict[str, str]:
+def _version_tags(run, rollback_to: str, kind: str) -> dict[str, str]:
     tags = {"rollback_to": rollback_to, "source_run": run.info.run_id, "rung": run.data.tags.get(Tag.RUNG, ""),
             "verdict": run.data.tags.get(Tag.REASON, "")[:MAX_TAG_CHARS],
             "promoted_at": _now(), "promoted_by": getpass.getuser()}
-    return tags | {k: f"{v:.6g}" for k, v in key_metrics(run.data.metrics).items()}
+    return tags | {k: f"{v:.6g}" for k, v in key_metrics(run.data.metrics, kind).items()}
 
 
-def key_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """Latency, throughput and accuracy figures worth seeing beside a version (latest values of the run)."""
+def key_metrics(metrics: dict[str, float], kind: str) -> dict[str, float]:
+    """The target kind's latency and throughput figures and the accuracy worth seeing beside a version (latest
+    values of the run)."""
     accuracy = {k: v for k, v in metrics.items() if k.startswith("accuracy/") and not k.endswith("_stderr")}
-    return {k: metrics[k] for k in KEY_METRICS if k in metrics} | accuracy
+    return {k: metrics[k] for k in kinds.kind_of(kind).key_metrics if k in metrics} | accuracy
 
 
 # --- the package: recipe + config, rebuilt into an engine at load time ---------------------------------------
@@ -218,7 +218,7 @@ class CandidateModel(PythonModel):
 
     def load_context(self, context) -> None:
         from experiments.serving import build_engine
-        from optimizers.base import Candidate, Target
+        from experiments.recipe import Candidate, Target
 
         recipe = json.loads(Path(context.artifacts["recipe"]).read_text())
         settings = context.model_config or {}
@@ -314,7 +314,8 @@ def status(tracking_cfg, model_name: str | None = None) -> list[dict]:
 
 def _describe(mv, is_champion: bool) -> dict:
     tags = mv.tags
-    metrics = {k: float(v) for k, v in tags.items() if k in KEY_METRICS or k.startswith("accuracy/")}
+    known = {m for name in kinds.names() for m in kinds.kind_of(name).key_metrics}
+    metrics = {k: float(v) for k, v in tags.items() if k in known or k.startswith("accuracy/")}
     return {"version": str(mv.version), "champion": is_champion, "source_run": tags.get("source_run", mv.run_id),
             "rung": tags.get("rung", ""), "verdict": tags.get("verdict", "")[:160], "metrics": metrics,
             "created": _iso(mv.creation_timestamp), "rollback_to": tags.get("rollback_to", ""),

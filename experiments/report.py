@@ -6,6 +6,7 @@ import matplotlib
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402  (after choosing the headless backend)
 
+from experiments.kinds import kind_of
 from experiments.names import Metric
 
 COLORS = {"accepted": "tab:green", "rejected": "tab:red", "skipped": "tab:gray", "failed": "black"}
@@ -113,10 +114,12 @@ def latency_percentiles(bench, metrics=(Metric.E2E_MS, Metric.TTFT_MS, Metric.TP
 
 
 def throughput_vs_latency(bench) -> Figure:
-    """One rung: output tokens/s against P95 E2E, one point per level: where the knee of the curve is."""
+    """One rung: its kind's throughput (tokens/s, embeddings/s) against P95 E2E, one point per level: where the
+    knee of the curve is."""
     fig = Figure(figsize=(5, 4), layout="constrained")
     ax = fig.add_subplot()
-    points = [(lv.stats[Metric.E2E_MS].p95.value, lv.output_tokens_per_s, lv.concurrency)
+    kind = kind_of(bench.kind)
+    points = [(lv.stats[Metric.E2E_MS].p95.value, kind.throughput(lv), lv.concurrency)
               for lv in bench.levels if lv.stats.get(Metric.E2E_MS) is not None]
     if points:
         x, y, c = zip(*points)
@@ -124,6 +127,6 @@ def throughput_vs_latency(bench) -> Figure:
         for xi, yi, ci in points:
             ax.annotate(f"c={ci}", (xi, yi), fontsize=8, xytext=(4, -10), textcoords="offset points")
     ax.set_xlabel("E2E P95 ms")
-    ax.set_ylabel("output tokens/s")
+    ax.set_ylabel(kind.throughput_unit)
     ax.set_title("Throughput vs latency")
     return fig

@@ -24,7 +24,7 @@ from experiments.outcome import RungOutcome
 from experiments.serving import build_engine
 from experiments.serving.servers import serve
 from experiments.workload import Workload
-from optimizers.base import Candidate, Env
+from experiments.recipe import Candidate, Env
 from optimizers.baseline import EagerBaseline
 from optimizers.placement import placed
 

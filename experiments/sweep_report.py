@@ -15,7 +15,7 @@ from experiments.outcome import RungOutcome
 from experiments.rung import Sweep
 from experiments.secrets import scrub_text
 from experiments.serving import build_engine
-from optimizers.base import Candidate
+from experiments.recipe import Candidate
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from experiments.models.corpus import Corpus, corpus_texts
 from experiments.models.gguf import check_architecture, ensure_converted
 from experiments.models.hf_folder import ModelFolder, inspect as inspect_folder
 from experiments.models.tiny_llm import TinyLlmRecipe, ensure_built, task_include_path
-from optimizers.base import Target
+from experiments.recipe import Target
 
 BUILTINS = {"builtin:tiny-llm": "causal-lm", "builtin:minilm": "embedding", "builtin:smollm2-135m": "causal-lm"}
 BUILTIN_NAMES = {"tiny-llm", "minilm", "smollm2"}

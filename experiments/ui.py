@@ -35,17 +35,19 @@ def run_url(base: str, experiment_id: str, run_id: str) -> str:
     return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{RUNS_VIEW}"
 
 
-def ladder_view(parent_run_id: str) -> dict:
+def ladder_view(parent_run_id: str, key_metrics: tuple[str, ...]) -> dict:
     """A runs-table view of one sweep, as the UI's Share button stores it: its rungs listed flat (grouping by
-    run kind lists child runs that nesting would fold under the sweep), verdict and reason as columns."""
+    run kind lists child runs that nesting would fold under the sweep), the target kind's key metrics, verdict and
+    reason as columns."""
     return {"searchFilter": f"tags.mlflow.parentRunId = '{parent_run_id}'",
-            "selectedColumns": ["metrics.`e2e_ms_p50`", "metrics.`output_tokens_per_s`", f"tags.`{Tag.RUNG}`",
-                                f"tags.`{Tag.VERDICT}`", f"tags.`{Tag.REASON}`"],
+            "selectedColumns": [f"metrics.`{m}`" for m in key_metrics] +
+                               [f"tags.`{Tag.RUNG}`", f"tags.`{Tag.VERDICT}`", f"tags.`{Tag.REASON}`"],
             "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": Tag.KIND}]}}
 
 
-def save_ladder_view(client, experiment_id: str, key: str, parent_run_id: str) -> None:
-    client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{key}", json.dumps(ladder_view(parent_run_id)))
+def save_ladder_view(client, experiment_id: str, key: str, parent_run_id: str, key_metrics: tuple[str, ...]) -> None:
+    client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{key}",
+                              json.dumps(ladder_view(parent_run_id, key_metrics)))
 
 
 def ladder_view_url(base: str, experiment_id: str, key: str) -> str:

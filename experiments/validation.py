@@ -17,7 +17,8 @@ from experiments.load import check_load
 from experiments.prompts_file import check_file
 from experiments.settings import check_settings
 from experiments.targets import check_source
-from optimizers.base import Env, Optimizer
+from experiments.recipe import Env
+from optimizers.base import Optimizer
 from optimizers.baseline import EagerBaseline
 
 

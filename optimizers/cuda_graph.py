@@ -1,6 +1,7 @@
 """CUDA Graph: the decode step captured once and replayed over a static KV cache allocated once per engine
 (experiments/serving/cuda_graph_engine.py). Launch overhead is what it removes, so it exists only on a CUDA device."""
-from optimizers.base import Candidate, Env, Optimizer
+from experiments.recipe import Candidate, Env
+from optimizers.base import Optimizer
 
 
 class CudaGraph(Optimizer):

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from experiments.names import Metric
-from optimizers.base import Candidate, Env, Optimizer
+from experiments.recipe import Candidate, Env
+from optimizers.base import Optimizer
 
 log = logging.getLogger(__name__)
 NO_BENCH = "no benchmark of the champion to locate the bottleneck from"

@@ -1,6 +1,7 @@
 """Engine swap: torch eager -> ONNX Runtime: onnxruntime-genai for a causal LM (exported graph + C++ decode loop),
 an exported pooled graph in an InferenceSession for an encoder."""
-from optimizers.base import Candidate, Env, Optimizer
+from experiments.recipe import Candidate, Env
+from optimizers.base import Optimizer
 
 
 class OnnxRuntimeSwap(Optimizer):

@@ -3,7 +3,9 @@
 weights compressed by NNCF at the quantization rungs."""
 from importlib.util import find_spec
 
-from optimizers.base import Candidate, Env, Optimizer
+from experiments.recipe import Candidate, Env
+
+from optimizers.base import Optimizer
 
 
 class OpenVinoSwap(Optimizer):

@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from optimizers.base import Candidate, Env, Recipe, Target
+from experiments.recipe import Candidate, Env, Recipe, Target
 
 DEVICE = re.compile(r"(auto|cpu|cuda)(?::(\d+))?")
 NATIVE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -37,11 +37,6 @@ def placed(target: Target, device: str, env: Env) -> Candidate:
     """The candidate the baseline starts from: the model on its device, nothing else decided yet."""
     provider, index = resolve_device(device, env)
     return Candidate(target, Recipe(execution_provider=provider, cuda_device=index))
-
-
-def device_name(recipe: Recipe) -> str:
-    """torch's name for the recipe's device: cpu or cuda:N."""
-    return f"cuda:{recipe.cuda_device}" if recipe.execution_provider == "cuda" else "cpu"
 
 
 def native_precision(model_dir: Path) -> str:

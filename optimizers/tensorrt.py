@@ -7,7 +7,9 @@ alone (half precision is a rung of its own).
 """
 import importlib.util
 
-from optimizers.base import Candidate, Env, Optimizer
+from experiments.recipe import Candidate, Env
+
+from optimizers.base import Optimizer
 
 
 class TensorRT(Optimizer):

@@ -1,5 +1,6 @@
 """Engine swap inside torch: eager -> torch.compile (inductor). Compile time is paid at build, reported apart."""
-from optimizers.base import Candidate, Env, Optimizer
+from experiments.recipe import Candidate, Env
+from optimizers.base import Optimizer
 
 
 class TorchCompile(Optimizer):

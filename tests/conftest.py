@@ -44,6 +44,6 @@ def model_dir():
 
 @pytest.fixture(scope="session")
 def tiny_target(model_dir):
-    from optimizers.base import Target
+    from experiments.recipe import Target
 
     return Target("tiny-llm", "causal-lm", model_dir)

@@ -11,7 +11,7 @@ import own_models
 from experiments.serving import build_engine
 from experiments.serving.request import Prompt
 from experiments.serving.servers import serve
-from optimizers.base import Candidate, Env, Target
+from experiments.recipe import Candidate, Env, Target
 from optimizers.baseline import EagerBaseline
 from optimizers.batching import Batching
 from optimizers.half_precision import HalfPrecision

@@ -17,7 +17,7 @@ from experiments import cli, tracking
 from experiments.artefacts import cached
 from experiments.errors import ConfigError
 from experiments.validation import validate
-from optimizers.base import Env
+from experiments.recipe import Env
 
 CPU = Env(cuda=False, cuda_capability=None, cpu_count=2)
 GPU = Env(cuda=True, cuda_capability=(9, 0), cpu_count=16)

@@ -8,7 +8,7 @@ from experiments.serving.servers import SequentialServer, serve
 from experiments.workload import Workload
 from experiments.serving import build_engine
 from experiments.serving.batching import BatchingServer
-from optimizers.base import Candidate, Env
+from experiments.recipe import Candidate, Env
 from optimizers.baseline import EagerBaseline
 from optimizers.batching import Batching
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap

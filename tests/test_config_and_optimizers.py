@@ -6,7 +6,8 @@ from hydra.errors import ConfigCompositionException
 from conftest import compose
 from experiments.errors import ConfigError
 from experiments.validation import load_rungs, validate
-from optimizers.base import Candidate, Env, Optimizer, Recipe, Target
+from experiments.recipe import Candidate, Env, Recipe, Target
+from optimizers.base import Optimizer
 from optimizers.baseline import EagerBaseline
 from optimizers.quantization import WeightQuantization
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap

@@ -8,7 +8,7 @@ from experiments.serving.request import Prompt
 from experiments.serving.servers import serve
 from experiments.serving.continuous import ContinuousServer
 from experiments.serving.torch_engine import TorchEngine
-from optimizers.base import Candidate, Env, Recipe
+from experiments.recipe import Candidate, Env, Recipe
 from optimizers.batching import Batching
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 from optimizers.prefix_caching import PrefixCaching

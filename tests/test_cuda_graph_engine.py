@@ -7,7 +7,7 @@ import types
 import pytest
 
 from experiments.serving import build_engine, cuda_graph_engine
-from optimizers.base import Candidate, Recipe
+from experiments.recipe import Candidate, Recipe
 
 
 def replaying_capture(step):

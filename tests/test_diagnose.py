@@ -161,7 +161,7 @@ def test_a_real_benchmark_records_samples_and_diagnoses_queueing():
 def test_decode_step_profile_of_the_tiny_model(tiny_target, engine_name):
     from conftest import SHARED_CACHE
     from experiments.serving import build_engine
-    from optimizers.base import Candidate
+    from experiments.recipe import Candidate
 
     engine = build_engine(Candidate(tiny_target).edited("x", engine=engine_name), 1, SHARED_CACHE / "artefacts")
     try:
@@ -195,7 +195,7 @@ def test_distillation_skips_when_the_resource_layer_points_elsewhere(tiny_target
 
     from experiments.distill import DistillSettings
     from experiments.slo import SLO
-    from optimizers.base import Candidate, Env
+    from experiments.recipe import Candidate, Env
     from optimizers.distillation import Distillation
 
     quick = DistillSettings(2, 10, 64, 4, 1e-3, 2.0, 0.9, 0)

@@ -14,7 +14,7 @@ from experiments.distill import (DistillSettings, distill, init_student, kept_la
 from experiments.models.corpus import Corpus
 from experiments.cache import manifest_ok
 from experiments.slo import SLO
-from optimizers.base import Candidate, Env, Recipe, Target
+from experiments.recipe import Candidate, Env, Recipe, Target
 from optimizers.distillation import Distillation
 from tests.conftest import compose
 

@@ -15,7 +15,7 @@ from experiments.validation import load_rungs
 from experiments.models.minilm import RetrievalSet, model_dir
 from experiments.serving import build_engine
 from experiments.targets import check_source
-from optimizers.base import Candidate, Env, Recipe, Target
+from experiments.recipe import Candidate, Env, Recipe, Target
 
 CPU = Env(cuda=False, cuda_capability=None, cpu_count=2)
 SENTENCES = ["The quick brown fox jumps over the lazy dog.", "Return the absolute value of a number.",

@@ -9,7 +9,7 @@ import torch
 from experiments.serving import build_engine
 from experiments.serving.ort_engine import OrtGenaiEngine
 from experiments.serving.torch_engine import TorchEngine
-from optimizers.base import Candidate
+from experiments.recipe import Candidate
 from optimizers.baseline import EagerBaseline
 from optimizers.quantization import WeightQuantization
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap

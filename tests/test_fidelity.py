@@ -105,7 +105,7 @@ def test_metric_names_are_mlflow_safe_and_namespaced():
 def engines(tiny_target):
     from conftest import SHARED_CACHE
     from experiments.serving import build_engine
-    from optimizers.base import Candidate
+    from experiments.recipe import Candidate
     from optimizers.baseline import EagerBaseline
     from optimizers.quantization import WeightQuantization
     from optimizers.onnxruntime_engine import OnnxRuntimeSwap
@@ -194,7 +194,7 @@ def test_scores_go_through_the_forward_that_serves_not_the_eager_module(tiny_tar
     from experiments import contender
     from experiments.fidelity import logprob_scorer
     from experiments.serving import build_engine
-    from optimizers.base import Candidate
+    from experiments.recipe import Candidate
 
     engine = build_engine(Candidate(tiny_target), 2, SHARED_CACHE / "artefacts")
     calls = []

@@ -4,9 +4,10 @@ import json
 from pathlib import Path
 
 from experiments.benchmarks import gpu_rungs
-from optimizers.base import Env, Target
+from experiments.recipe import Env, Target
 from optimizers.baseline import EagerBaseline
-from optimizers.placement import device_name, placed
+from experiments.recipe import device_name
+from optimizers.placement import placed
 
 H100 = Env(cuda=True, cuda_capability=(9, 0), cpu_count=16)
 

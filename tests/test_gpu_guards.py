@@ -11,7 +11,7 @@ import pytest
 
 from experiments.serving import gpu_guards
 from experiments.serving.gpu_guards import require_provider, tensorrt_options
-from optimizers.base import Candidate, Recipe, Target
+from experiments.recipe import Candidate, Recipe, Target
 
 CUDA1 = Recipe(execution_provider="cuda", cuda_device=1)
 

@@ -51,7 +51,7 @@ def tokenizer(model_dir):
 @pytest.fixture(scope="module")
 def endpoint(tiny_target, tokenizer):
     from experiments.serving.torch_engine import TorchEngine
-    from optimizers.base import Candidate
+    from experiments.recipe import Candidate
 
     server = SequentialServer(TorchEngine(Candidate(tiny_target), threads=1))
     recording = Recording(server)

@@ -14,7 +14,7 @@ from experiments.validation import load_rungs
 from experiments.serving.continuous import ContinuousServer
 from experiments.serving.iteration import IterationServer
 from experiments.serving.torch_engine import TorchEngine
-from optimizers.base import Candidate, Env
+from experiments.recipe import Candidate, Env
 from optimizers.batching import Batching
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 from optimizers.prefix_caching import PrefixCaching

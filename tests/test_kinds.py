@@ -5,7 +5,8 @@ import types
 
 import pytest
 
-from experiments import kinds
+from experiments import kinds, registry, ui
+from experiments import report as report_plots
 from experiments.benchmark import BenchmarkReport
 from experiments.console import level_table
 from experiments.gate import Verdict
@@ -20,6 +21,7 @@ class RerankerKind(kinds.Kind):
     name = "reranker"
     metrics = (Metric.E2E_MS, Metric.QUEUE_MS, Metric.MODEL_MS)
     throughput_unit = "pairs/s"
+    key_metrics = ("e2e_ms_p50", "pairs_per_s")
 
     def columns(self, top):
         return [("e2e_ms_p50", "E2E p50 ms (c=1)", "%.2f"), ("throughput", f"pairs/s (c={top})", "%.0f")]
@@ -66,6 +68,12 @@ def test_a_third_kind_names_its_throughput_everywhere_without_touching_the_repor
     table = markdown_table([outcome], 1)
     assert "pairs/s (c=1)" in table and "| 80 |" in table
     assert "pairs/s" in [c.header for c in level_table(bench).columns]
+    # the UI's ladder view and a promoted version's tags show the kind's own figures
+    assert ui.ladder_view("run-1", reranker.key_metrics)["selectedColumns"][:2] == \
+        ["metrics.`e2e_ms_p50`", "metrics.`pairs_per_s`"]
+    logged = {"e2e_ms_p50": 5.0, "pairs_per_s": 80.0, "qps": 10.0, "accuracy/rr/ndcg": 0.5}
+    assert registry.key_metrics(logged, "reranker") == {"e2e_ms_p50": 5.0, "pairs_per_s": 80.0, "accuracy/rr/ndcg": 0.5}
+    assert report_plots.throughput_vs_latency(bench).axes[0].get_ylabel() == "pairs/s"
 
 
 def test_the_shipped_kinds_throughput(reranker):
@@ -74,3 +82,6 @@ def test_the_shipped_kinds_throughput(reranker):
     assert encoder.metric_series()["embeddings_per_s"] == [(1, 10.0)]
     assert kinds.kind_of("embedding").throughput(encoder.levels[0]) == 10.0
     assert kinds.kind_of("causal-lm").throughput(decoder.levels[0]) == 10.0   # one token per request here
+    logged = {"e2e_ms_p50": 5.0, "tpot_ms_p50": 1.0, "output_tokens_per_s": 9.0, "embeddings_per_s": 10.0}
+    assert set(registry.key_metrics(logged, "causal-lm")) == {"e2e_ms_p50", "tpot_ms_p50", "output_tokens_per_s"}
+    assert set(registry.key_metrics(logged, "embedding")) == {"e2e_ms_p50", "embeddings_per_s"}

@@ -6,7 +6,7 @@ import own_models
 from conftest import compose
 from experiments import memory_fit
 from experiments.errors import ConfigError
-from optimizers.base import Candidate, Recipe, Target
+from experiments.recipe import Candidate, Recipe, Target
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def test_a_baseline_that_does_not_fit_stops_the_sweep_before_the_model_loads(qwe
 
 
 def _env():
-    from optimizers.base import Env
+    from experiments.recipe import Env
 
     return Env(cuda=False, cuda_capability=None, cpu_count=2)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from optimizers.base import Candidate, Env, Recipe, Target
+from experiments.recipe import Candidate, Env, Recipe, Target
 from optimizers.openvino_engine import OpenVinoSwap
 from optimizers.quantization import WeightQuantization
 

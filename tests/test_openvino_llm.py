@@ -3,7 +3,7 @@ bits, the IR cache, and the engine-swap rung now taking a causal LM."""
 import numpy as np
 import pytest
 
-from optimizers.base import Candidate, Env, Recipe
+from experiments.recipe import Candidate, Env, Recipe
 from optimizers.baseline import EagerBaseline
 from optimizers.openvino_engine import OpenVinoSwap
 from optimizers.quantization import WeightQuantization

@@ -89,7 +89,7 @@ def embedding_kind(encoder, tmp_path, *overrides):
 def test_the_users_pairs_are_scored_by_recall_and_every_text_by_cosine(encoder, tmp_path):
     from experiments.embedding_eval import USER_TASK_NAME
     from experiments.serving import build_engine
-    from optimizers.base import Candidate
+    from experiments.recipe import Candidate
     from optimizers.baseline import EagerBaseline
 
     path = pairs_file(tmp_path / "own.jsonl")
@@ -107,14 +107,14 @@ def test_the_users_pairs_are_scored_by_recall_and_every_text_by_cosine(encoder, 
 
 
 def kind_target(kind, encoder):
-    from optimizers.base import Target
+    from experiments.recipe import Target
 
     return Target("tiny-bert", "embedding", Path(encoder))
 
 
 def test_texts_without_pairs_are_scored_by_cosine_alone(encoder, tmp_path):
     from experiments.serving import build_engine
-    from optimizers.base import Candidate
+    from experiments.recipe import Candidate
     from optimizers.baseline import EagerBaseline
 
     path = write_lines(tmp_path / "own.jsonl", {"text": "first text"}, {"text": "second text"}, {"prompt": "third"})

@@ -128,7 +128,7 @@ def test_a_prompt_longer_than_the_context_is_refused_naming_the_line(qwen, tmp_p
 
 def test_a_synthetic_workload_longer_than_the_context_is_refused(qwen, tmp_path):
     from experiments.kinds.causal_lm import CausalLMScorer
-    from optimizers.base import Target
+    from experiments.recipe import Target
 
     cfg = compose([f"data_dir={tmp_path}", "target=folder", f"target.source={qwen}",
                    "target.workload.input_tokens=[200]", "target.workload.output_tokens=[64]"])

@@ -5,12 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from optimizers.base import Candidate, Env, Recipe, Target
+from experiments.recipe import Candidate, Env, Recipe, Target
 from optimizers.baseline import EagerBaseline
 from optimizers.cuda_graph import CudaGraph
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 from optimizers.openvino_engine import OpenVinoSwap
-from optimizers.placement import device_name, placed, resolve_device
+from experiments.recipe import device_name
+from optimizers.placement import placed, resolve_device
 from optimizers.tensorrt import TensorRT
 from tests.conftest import compose
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from experiments.serving.torch_quantize import quantize_torchao
-from optimizers.base import Candidate, Env, Recipe, Target
+from experiments.recipe import Candidate, Env, Recipe, Target
 from optimizers.quantization import WeightQuantization
 
 CPU = Env(cuda=False, cuda_capability=None, cpu_count=2)

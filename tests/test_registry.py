@@ -10,7 +10,7 @@ from omegaconf import OmegaConf, open_dict
 from conftest import SHARED_CACHE, compose
 from experiments import registry, tracking
 from experiments.errors import ConfigError
-from optimizers.base import Candidate, Recipe, Target
+from experiments.recipe import Candidate, Recipe, Target
 from optimizers.baseline import EagerBaseline
 from optimizers.quantization import WeightQuantization
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap

@@ -6,7 +6,7 @@ import torch
 from conftest import SHARED_CACHE, compose
 from experiments.fidelity import BaselineLogprobs, fixed_sequences, judge
 from experiments.serving import build_engine
-from optimizers.base import Candidate
+from experiments.recipe import Candidate
 from optimizers.baseline import EagerBaseline
 from optimizers.half_precision import HalfPrecision
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap

@@ -194,7 +194,7 @@ class LeakyEngine:
 @pytest.fixture(scope="module")
 def torch_engine(tiny_target):
     from experiments.serving.torch_engine import TorchEngine
-    from optimizers.base import Candidate
+    from experiments.recipe import Candidate
 
     engine = TorchEngine(Candidate(tiny_target), 1)   # one thread: less at the mercy of other processes' load
     yield engine

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from experiments.workload import Workload
 from experiments.targets import resolve
-from optimizers.base import Candidate
+from experiments.recipe import Candidate
 from optimizers.baseline import EagerBaseline
 from optimizers.half_precision import HalfPrecision
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap

@@ -47,7 +47,7 @@ from experiments.fidelity import fixed_sequences
 from experiments.gate import Criterion, Gate, check_config
 from experiments.serving import build_engine
 from experiments.targets import resolve
-from optimizers.base import Candidate
+from experiments.recipe import Candidate
 from optimizers.baseline import EagerBaseline
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.names import Metric
-from optimizers.base import Env
+from experiments.recipe import Env
 
 RUNGS = ("eager", "bf16", "fp16", "cuda graph", "tensorrt", "int8 (torchao)", "int4 (torchao)", "fp8 (torchao)",
          "onnxruntime cuda", "continuous (ort paged)")

@@ -68,7 +68,7 @@ def batching_comparison(base_candidate, ort_candidate, workload: Workload, threa
     on CPU, so continuous batching is compared within the torch engine: transformers' manager (paged KV) and
     our own iteration-level scheduler (left-padded batched KV), same batch and token budget. `engines` picks
     the rows by the engine their label starts with."""
-    from optimizers.base import Env
+    from experiments.recipe import Env
     from optimizers.batching import Batching
     from experiments.serving import build_engine
 

@@ -35,6 +35,7 @@ class Kind:
     folders: str = ""              # what its Hugging Face folders look like, for the error that finds none
     packaged_as: str | None = None  # what `roi-ladder promote` registers it as; None: not packaged yet
     throughput_unit: str = ""      # the tables' throughput column: "tokens/s", "embeddings/s"
+    key_metrics: tuple[str, ...] = ()  # MLflow metrics a reviewer reads first: the UI's ladder view, a version's tags
 
     def columns(self, top: int) -> list[tuple[str, str, str]]:
         """(summary key, header, format) of the ladder table's measured columns."""

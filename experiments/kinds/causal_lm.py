@@ -29,6 +29,7 @@ class CausalLMKind(Kind):
     folders = "causal LMs (*ForCausalLM)"
     packaged_as = "a text-generation pyfunc"
     throughput_unit = "tokens/s"
+    key_metrics = ("e2e_ms_p50", "tpot_ms_p50", "output_tokens_per_s")
 
     def columns(self, top: int) -> list[tuple[str, str, str]]:
         return [("ttft_ms_p50", "TTFT p50 ms (c=1)", "%.2f"), ("tpot_ms_p50", "TPOT p50 ms (c=1)", "%.3f"),

@@ -23,6 +23,7 @@ class EmbeddingKind(Kind):
     folders = "encoders (*Model or a sentence-transformers folder)"
     packaged_as = "an embedding pyfunc (texts in, L2-normalised vectors out)"
     throughput_unit = "embeddings/s"
+    key_metrics = ("e2e_ms_p50", "embeddings_per_s")
 
     def columns(self, top: int) -> list[tuple[str, str, str]]:
         return [("e2e_ms_p50", "E2E p50 ms (c=1)", "%.2f"), ("throughput", f"embeddings/s (c={top})", "%.0f"),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from experiments.kinds import kind_of
 from experiments.serving.engine import Engine
-from optimizers.base import Candidate
+from experiments.recipe import Candidate
 
 NEEDS_ARTEFACTS = {"onnxruntime", "openvino"}
 

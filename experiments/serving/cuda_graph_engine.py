@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import torch
 
 from experiments.serving.torch_engine import TorchEngine
-from optimizers.base import Candidate
+from experiments.recipe import Candidate
 
 WARMUP_STEPS = 3   # eager steps on the side stream before capture: cuBLAS handles and workspaces come into being
 

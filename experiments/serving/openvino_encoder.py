@@ -16,7 +16,7 @@ import numpy as np
 from experiments.artefacts import cached, weights_digest
 from experiments.serving.encoder import EXPORT_VERSION, EncoderEngine, encoder_refusal, export_onnx
 from experiments.serving.engine import torch_only
-from optimizers.base import Candidate, Recipe
+from experiments.recipe import Candidate, Recipe
 
 # ops between a compressed weight constant and its MatMul (NNCF's decompression subgraph)
 DECOMPRESSION_OPS = {"Convert", "Subtract", "Multiply", "Reshape", "Transpose"}

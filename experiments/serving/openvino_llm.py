@@ -20,7 +20,7 @@ from experiments.accuracy import OnnxSessionLM
 from experiments.serving.engine import Engine, unpaged_prefix
 from experiments.serving.openvino_encoder import (CompiledIR, cached_ir, compression_args, ir_weight_bits,
                                                   openvino_refusal)
-from optimizers.base import Candidate
+from experiments.recipe import Candidate
 
 
 def kv_names(num_layers: int, prefix: str) -> list[str]:

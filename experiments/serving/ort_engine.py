@@ -14,7 +14,7 @@ import numpy as np
 from experiments.artefacts import cached
 from experiments.serving.engine import Engine, torch_only, unpaged_prefix
 from experiments.serving.gpu_guards import ort_providers, require_genai_device
-from optimizers.base import Candidate
+from experiments.recipe import Candidate
 
 QUANTIZED_PRECISION = {"int8": "int8", "int4": "int4"}
 
