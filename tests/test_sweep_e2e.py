@@ -148,7 +148,9 @@ def test_the_sweep_reused_the_built_model(sweep):
 
 
 def test_multirun_sweeps_each_job_into_the_same_store(model_dir, tmp_path):
+    # what is tested is the two jobs' store and the gate setting each ran under: fewer documents and windows
     cmd = [sys.executable, "-m", "experiments.cli", "sweep", "--multirun", "profile=quick", "ladder=engine-swap",
+           "accuracy.limit=50", "gate.fidelity.sequences=8", "soak.enabled=false",
            "gate.min_gain=0.05,0.99", f"data_dir={tmp_path}", f"cache_dir={SHARED_CACHE}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -13,55 +13,32 @@ import time
 
 import numpy as np
 
-from experiments.serving.request import Prompt, RequestRecord
+from experiments.serving.queue_server import QueueServer, collect_batch
+from experiments.serving.request import RequestRecord
 
 
-def collect_batch(requests: queue.Queue, max_batch: int, max_wait_s: float) -> list[RequestRecord]:
-    """Block for the first request, then take up to max_batch, waiting at most max_wait_s after the first;
-    [] once the queue is closed (None)."""
-    first = requests.get()
-    if first is None:
-        return []
-    batch, deadline = [first], time.perf_counter() + max_wait_s
-    while len(batch) < max_batch:
-        try:
-            rec = requests.get(timeout=max(0.0, deadline - time.perf_counter()))
-        except queue.Empty:
-            break
-        if rec is None:
-            requests.put(None)   # the close is for the serving loop too
-            break
-        batch.append(rec)
-    return batch
+class BatchingServer(QueueServer):
+    thread_name = "roi-batching-server"
 
-
-class BatchingServer:
     def __init__(self, engine, kind: str, max_batch: int, max_wait_ms: float):
         import onnxruntime_genai as og
 
+        super().__init__()
         self._og = og
         self.kind, self.max_batch, self.max_wait_s = kind, max_batch, max_wait_ms / 1e3
         self._source = engine
-        self._queue: queue.Queue[RequestRecord | None] = queue.Queue()
         self._running: dict[int, tuple[object, RequestRecord]] = {}
         self._closing = False
         self._ready = threading.Event()
         self._start_error: Exception | None = None
-        self._worker = threading.Thread(target=self._serve, name="roi-batching-server", daemon=True)
-        self._worker.start()
+        self._start()
         self._ready.wait()
         if self._start_error is not None:
             raise self._start_error
 
-    def submit(self, prompt: Prompt, intended: float | None = None) -> RequestRecord:
-        rec = RequestRecord.arriving(prompt, intended)
-        self._queue.put(rec)
-        return rec
-
     def close(self) -> None:
         self._closing = True
-        self._queue.put(None)
-        self._worker.join(timeout=60)
+        super().close()
 
     # --- the loop -----------------------------------------------------------------------------------------
     def _serve(self) -> None:

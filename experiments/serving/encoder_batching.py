@@ -6,31 +6,21 @@ report gets latency per batch as well as per request.
 """
 from __future__ import annotations
 
-import queue
-import threading
 import time
 
-from experiments.serving.request import Prompt, RequestRecord
-from experiments.serving.batching import collect_batch
+from experiments.serving.queue_server import QueueServer, collect_batch
+from experiments.serving.request import RequestRecord
 
 
-class EncoderBatchServer:
+class EncoderBatchServer(QueueServer):
+    thread_name = "roi-encoder-batching"
+
     def __init__(self, engine, max_batch: int, max_wait_ms: float):
         if max_batch < 1 or max_wait_ms < 0:
             raise ValueError(f"max_batch must be >= 1 and max_wait_ms >= 0 (got {max_batch}, {max_wait_ms})")
+        super().__init__()
         self.engine, self.max_batch, self.max_wait_s = engine, max_batch, max_wait_ms / 1e3
-        self._queue: queue.Queue[RequestRecord | None] = queue.Queue()
-        self._worker = threading.Thread(target=self._serve, name="roi-encoder-batching", daemon=True)
-        self._worker.start()
-
-    def submit(self, prompt: Prompt, intended: float | None = None) -> RequestRecord:
-        rec = RequestRecord.arriving(prompt, intended)
-        self._queue.put(rec)
-        return rec
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._worker.join(timeout=60)
+        self._start()
 
     def _serve(self) -> None:
         while batch := collect_batch(self._queue, self.max_batch, self.max_wait_s):

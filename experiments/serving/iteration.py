@@ -16,14 +16,14 @@ departures in its steps caused). A failed forward fails the requests in that ste
 from __future__ import annotations
 
 import queue
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 
 import torch
 
-from experiments.serving.request import Prompt, RequestRecord
+from experiments.serving.queue_server import QueueServer
+from experiments.serving.request import RequestRecord
 from experiments.serving.continuous import KvUsage
 
 
@@ -39,11 +39,14 @@ class _Row:
         return len(self.rec.tokens) >= self.rec.prompt.max_new_tokens or self.rec.cancelled
 
 
-class IterationServer:
+class IterationServer(QueueServer):
+    thread_name = "roi-iteration-server"
+
     def __init__(self, engine, max_batch: int, max_tokens_per_step: int):
         if max_batch < 1 or max_tokens_per_step < 1:
             raise ValueError(f"the own continuous scheduler needs max_batch >= 1 and max_tokens_per_step >= 1 "
                              f"(got {max_batch}, {max_tokens_per_step})")
+        super().__init__()
         self.model = engine.model
         self.device = getattr(engine, "device", torch.device("cpu"))
         self.max_batch, self.max_tokens_per_step = max_batch, max_tokens_per_step
@@ -52,7 +55,6 @@ class IterationServer:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self._kv_bytes_per_token = (2 * config.num_hidden_layers * config.num_key_value_heads * head_dim
                                     * self.model.dtype.itemsize)
-        self._queue: queue.Queue[RequestRecord | None] = queue.Queue()
         self._waiting: deque[RequestRecord] = deque()
         self._rows: list[_Row] = []       # running sequences, in the order of the cache's batch rows
         self._cache = None                # DynamicCache, [rows, heads, length, dim] per layer
@@ -60,13 +62,7 @@ class IterationServer:
         self._stopping = False
         self.running = 0                  # running sequences, readable from other threads
         self.kv_slots = 0                 # token slots the cache holds (padding included)
-        self._worker = threading.Thread(target=self._serve, name="roi-iteration-server", daemon=True)
-        self._worker.start()
-
-    def submit(self, prompt: Prompt, intended: float | None = None) -> RequestRecord:
-        rec = RequestRecord.arriving(prompt, intended)
-        self._queue.put(rec)
-        return rec
+        self._start()
 
     def kv_usage(self) -> KvUsage:
         """KV memory the batched cache holds, padding included; one "block" is one token slot of one row."""
@@ -74,8 +70,7 @@ class IterationServer:
 
     def close(self) -> None:
         """Serves what was submitted before close, then stops; whatever is left after a minute fails."""
-        self._queue.put(None)
-        self._worker.join(timeout=60)
+        super().close()
         for rec in list(self._waiting) + [row.rec for row in self._rows]:
             if not rec.done.is_set():
                 rec.error = "server closed"

@@ -2,27 +2,20 @@
 scheduler (static, dynamic, continuous)."""
 from __future__ import annotations
 
-import queue
-import threading
 import time
 
 from experiments.serving.engine import Engine
-from experiments.serving.request import Prompt, RequestRecord
+from experiments.serving.queue_server import QueueServer, Server
 
 
-class SequentialServer:
+class SequentialServer(QueueServer):
     """A FIFO request queue in front of one engine that serves one request at a time (no batching)."""
+    close_timeout_s = 30.0
 
     def __init__(self, engine: Engine):
+        super().__init__()
         self.engine = engine
-        self._queue: queue.Queue[RequestRecord | None] = queue.Queue()
-        self._worker = threading.Thread(target=self._serve, name="roi-server", daemon=True)
-        self._worker.start()
-
-    def submit(self, prompt: Prompt, intended: float | None = None) -> RequestRecord:
-        rec = RequestRecord.arriving(prompt, intended)
-        self._queue.put(rec)
-        return rec
+        self._start()
 
     def _serve(self) -> None:
         while (rec := self._queue.get()) is not None:
@@ -41,12 +34,8 @@ class SequentialServer:
                 rec.error = f"{type(exc).__name__}: {exc}"
             rec.done.set()
 
-    def close(self) -> None:
-        self._queue.put(None)
-        self._worker.join(timeout=30)
 
-
-def serve(engine: Engine):
+def serve(engine: Engine) -> Server:
     """The server for the engine's recipe: one request at a time, or a batching scheduler."""
     recipe = getattr(engine, "recipe", None)
     if recipe is None or recipe.batching == "none":
