@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-# Bytes per stored value; int4 packs two weights per byte.
-# bytes per stored value, of a precision or of a weight quantization scheme (memory_fit sizes with it too)
+# Bytes per stored value of a precision or a weight quantization scheme (int4 packs two weights per byte);
+# memory_fit sizes with it too.
 DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "fp8": 1.0, "int4": 0.5}
 
 

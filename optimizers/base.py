@@ -1,7 +1,8 @@
 """The tiny common interface every rung implements.
 
-An Optimizer edits a candidate's recipe (experiments/recipe.py) and says, through `check`, when it does not apply: its own ordering rules and the machine, then the
-engine's answer about the candidate it would produce (experiments.serving.refusal: each engine owns its limits).
+An Optimizer edits a candidate's recipe (experiments/recipe.py) and says, through `check`, when it does not
+apply: its own ordering rules and the machine, then the engine's answer about the candidate it would produce
+(experiments.serving.refusal: each engine owns its limits).
 """
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ weights compressed by NNCF at the quantization rungs."""
 from importlib.util import find_spec
 
 from experiments.recipe import Candidate, Env
-
 from optimizers.base import Optimizer
 
 

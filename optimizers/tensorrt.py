@@ -8,7 +8,6 @@ alone (half precision is a rung of its own).
 import importlib.util
 
 from experiments.recipe import Candidate, Env
-
 from optimizers.base import Optimizer
 
 

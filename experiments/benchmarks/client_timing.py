@@ -71,7 +71,7 @@ def measure(ref: ReferenceServer, concurrency: int, requests: int = 48, tokens: 
     client_side = {r.prompt.token_ids: r for r in ok}
     pairs = [(client_side[k], server[k]) for k in client_side.keys() & server.keys()]
     return Timing(concurrency, len(ok), _p50([m["ttft_ms"] for m in metrics]),
-                  _p50(np.concatenate([np.diff(r.token_times) for r in ok]) * 1e3),
+                  _p50([gap for r in ok for gap in r.itl_ms()]),
                   _p50([m["tpot_ms"] for m in metrics]),
                   _p50([(w[0] - read) * 1e3 for _, read, w in served]),
                   _p50(np.concatenate([np.diff(w) for _, _, w in served]) * 1e3),

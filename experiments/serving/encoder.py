@@ -18,8 +18,7 @@ from experiments.artefacts import cached, weights_digest
 from experiments.serving.engine import Engine, torch_only
 from experiments.serving.gpu_guards import ort_providers, require_provider
 from experiments.serving.torch_quantize import torch_refusal
-from experiments.recipe import Candidate, Recipe
-from experiments.recipe import device_name
+from experiments.recipe import Candidate, Recipe, device_name
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Part of every encoder export's cache key: bump it when MeanPooled or the export settings change.
