@@ -21,14 +21,11 @@ class HalfPrecision(Optimizer):
     def check(self, env: Env, cand: Candidate) -> str | None:
         from experiments.serving import refusal
 
-        dtype, recipe = self.dtype(cand), cand.recipe
+        recipe = cand.recipe
         if recipe.precision in HALF:
             return f"the champion already runs {recipe.precision}"
         if recipe.quantization != "none":
             return f"the champion's weights are {recipe.quantization}; half precision comes before quantization"
-        if recipe.engine == "torch" and recipe.execution_provider == "cpu" and dtype == "fp16":
-            # torch builds it, but its few fp16 CPU kernels make it a poor candidate
-            return "torch has few fp16 CPU kernels; use cpu_dtype: bf16"
         return refusal(self.apply(cand))
 
     def apply(self, cand: Candidate) -> Candidate:

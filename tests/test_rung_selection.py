@@ -65,6 +65,8 @@ def test_half_precision_is_bf16_on_cpu_and_fp16_on_cuda():
     assert rung.check(H100, CUDA_TORCH) is None and rung.apply(CUDA_TORCH).recipe.precision == "fp16"
     assert "no bf16 Where kernel" in rung.check(CPU, ORT)
     assert HalfPrecision(cpu_dtype="fp16").check(CPU, ORT) is None
+    # fp16 on the CPU is torch's limit, said by its engine (the causal LM's and the encoder's alike)
+    assert "few fp16 CPU kernels" in HalfPrecision(cpu_dtype="fp16").check(CPU, BASE)
     assert "already runs bf16" in rung.check(CPU, rung.apply(BASE))
     with pytest.raises(ValueError, match="cpu_dtype"):
         HalfPrecision(cpu_dtype="int8")

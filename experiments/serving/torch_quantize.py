@@ -12,8 +12,11 @@ SCHEMES = ("int8", "int4", "fp8")
 
 
 def torch_refusal(scheme: str, precision: str, device_type: str, compile_mode: str = "none") -> str | None:
-    """Why torch cannot quantize a model held at `precision` on `device_type` (compiled with `compile_mode`)
-    with `scheme`, or None."""
+    """Why torch cannot run a model held at `precision` on `device_type` (compiled with `compile_mode`) with
+    its weights quantized as `scheme`, or None."""
+    if precision == "fp16" and device_type == "cpu":
+        # it would build, but few of torch's CPU kernels run fp16: a poor candidate, not a technique
+        return "torch has few fp16 CPU kernels; on the CPU torch runs bf16 (half_precision's cpu_dtype: bf16)"
     if scheme == "none":
         return None
     if scheme not in SCHEMES:
