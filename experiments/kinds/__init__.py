@@ -10,7 +10,7 @@ testing the name, so a third kind (a reranker, a vision model) is one module her
 of the existing ones serve it.
 
 Every module in this package is a kind (kind_of finds one by its module's name). This one imports nothing of
-the project but its errors: the optimizers' Target asks it too.
+the project but its errors: the recipe's Target (experiments/recipe.py) asks it too.
 """
 from __future__ import annotations
 
