@@ -33,8 +33,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     rungs = validate(cfg)
     data_dir = Path(cfg.data_dir)
-    experiment_id = tracking.connect(cfg.tracking)   # fails fast on a bad tracking URI; safe for parallel jobs
-    mlflow.MlflowClient().set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
+    tracking.probe(cfg.tracking)   # a bad tracking URI fails before the model is built; nothing created yet
     env = Env.detect()
     try:
         resolve_device(cfg.target.get("device", "auto"), env)   # before any work: the baseline's device
@@ -57,6 +56,9 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     if not_applicable:
         ui.note(f"SLOs that do not apply to a {target.kind} target, left out: "
                 f"{', '.join(s.text for s in not_applicable)}")
+    # only now, with the target's own data read (a built model's or a converted GGUF's prompts file included)
+    experiment_id = tracking.connect(cfg.tracking)   # safe for parallel jobs
+    mlflow.MlflowClient().set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
     sweep = Sweep(cfg, env, target, workload, kind, Gate(cfg.gate, cfg.seed), experiment_id, ui)
     load = MachineLoad.sample()
     if load.warning():

@@ -34,17 +34,10 @@ def connect(cfg) -> str:
     import fcntl
 
     uri, shown = str(cfg.uri), scrub_text(str(cfg.uri))
-    if not str(cfg.experiment or "").strip():
-        raise ConfigError("tracking.experiment is empty",
-                          "name the MLflow experiment, e.g. tracking.experiment=roi-ladder")
-    if uri.startswith(("http://", "https://")):
-        _probe_server(uri, str(cfg.experiment))
-    elif uri.split(":", 1)[0].split("+", 1)[0] in DATABASE_SCHEMES:
-        _probe_database(uri)
+    probe(cfg)
     try:
         if uri.startswith("sqlite:///"):
             db = Path(uri.removeprefix("sqlite:///"))
-            _probe_sqlite(db, shown)
             with open(db.with_name(db.name + ".init-lock"), "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
                 MlflowClient(tracking_uri=uri).search_experiments(max_results=1)   # creates and migrates tables
@@ -69,6 +62,22 @@ def connect(cfg) -> str:
         raise ConfigError(f"the MLflow store tracking.uri={shown} cannot be used ({reason})",
                           "set tracking.uri to sqlite:///<file>, a file: folder or a running http(s) MLflow server "
                           "(tracking=local is the default store under data_dir)") from None
+
+
+def probe(cfg) -> None:
+    """The store's checks that create nothing (a server or database that answers, an sqlite file that could be
+    written): a sweep runs them before building its model, and creates the experiment only once the target's own
+    data has been read."""
+    uri = str(cfg.uri)
+    if not str(cfg.experiment or "").strip():
+        raise ConfigError("tracking.experiment is empty",
+                          "name the MLflow experiment, e.g. tracking.experiment=roi-ladder")
+    if uri.startswith(("http://", "https://")):
+        _probe_server(uri, str(cfg.experiment))
+    elif uri.split(":", 1)[0].split("+", 1)[0] in DATABASE_SCHEMES:
+        _probe_database(uri)
+    elif uri.startswith("sqlite:///"):
+        _probe_sqlite(Path(uri.removeprefix("sqlite:///")), scrub_text(uri))
 
 
 def _probe_server(uri: str, experiment: str) -> None:

@@ -296,6 +296,23 @@ def test_a_bad_prompts_line_stops_the_sweep_before_its_experiment_is_created(qwe
     assert not (tmp_path / "data" / "mlflow.db").exists()
 
 
+def test_a_built_models_prompts_file_is_read_before_its_experiment_is_created(model_dir, tmp_path):
+    """A built-in's tokenizer exists once the model is built (here: cached), so its prompts file is read after
+    the build; the experiment is created only after that."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, SHARED_CACHE
+
+    prompts = write_lines(tmp_path / "p.jsonl", {"prompt": "a"}, {"prompt": " ".join(["def f(x): return x"] * 400)})
+    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "sweep", f"cache_dir={SHARED_CACHE}",
+                           f"target.workload.prompts={prompts}", f"data_dir={tmp_path / 'data'}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().startswith("error: ") and "line 2" in proc.stderr, proc.stderr
+    assert not (tmp_path / "data" / "mlflow.db").exists()
+
+
 def test_a_kind_the_folder_does_not_show_can_be_given(llama, tmp_path):
     folder = tmp_path / "masked"
     shutil.copytree(llama, folder)
