@@ -50,28 +50,23 @@ class Batching(Optimizer):
         compiled = recipe.cuda_graph or recipe.compile != "none"
         if compiled and self.kind == "continuous":
             return FIXED_SHAPES
-        if reason := refusal(self.apply(cand)):
+        produced = self.apply(cand)
+        if reason := refusal(produced):
             return reason
-        if self.kind == "continuous" and self._paged_ort(cand) and not env.cuda:
-            return "onnxruntime-genai's PagedAttention needs a CUDA device; none is present"
-        if self.kind == "continuous" and not self._paged_ort(cand) and not self.kv_num_blocks \
-                and self.scheduler == "transformers":
-            return "kv_num_blocks: 0 (size from GPU memory) applies to CUDA only; set a block count for torch"
+        if self.kind == "continuous" and produced.recipe.execution_provider == "cuda" and not env.cuda:
+            return "continuous batching on the champion's CUDA device: no CUDA device is present"
         if compiled:
             return FIXED_SHAPES
         return None
 
-    @staticmethod
-    def _paged_ort(cand: Candidate) -> bool:
-        return cand.recipe.engine == "onnxruntime" and cand.recipe.execution_provider == "cuda"
-
     def apply(self, cand: Candidate) -> Candidate:
+        from experiments.serving import continuous_changes
+
         changes = {"batching": self.kind, "max_batch": self.max_batch, "max_wait_ms": self.max_wait_ms}
         if self.kind == "continuous":
             changes.update(kv_block_size=self.kv_block_size, kv_num_blocks=self.kv_num_blocks,
                            max_tokens_per_step=self.max_tokens_per_step)
-            if self._paged_ort(cand):
-                changes.update(precision="fp16")        # PagedAttention runs fp16/bf16 only
-            else:
-                changes.update(engine="torch", scheduler=self.scheduler)   # a scheduler over the torch model
+            # the engine says how it batches continuously (onnxruntime-genai's paged engine on CUDA needs fp16);
+            # one that cannot leaves it to a scheduler over the torch model
+            changes.update(continuous_changes(cand, self.scheduler))
         return cand.edited(self.name, **changes)

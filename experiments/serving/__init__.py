@@ -36,6 +36,16 @@ def refusal(cand: Candidate) -> str | None:
         return str(no_engine)
 
 
+def continuous_changes(cand: Candidate, scheduler: str) -> dict:
+    """The recipe changes that make the candidate batch continuously: its own engine's way where it has one
+    (Engine.batches_continuously), else `scheduler` over the torch model."""
+    try:
+        own = engine_class(cand).batches_continuously(cand.recipe, scheduler)
+    except ValueError:
+        own = None
+    return own if own is not None else {"engine": "torch", "scheduler": scheduler}
+
+
 def build_engine(cand: Candidate, threads: int, artefact_root: Path) -> Engine:
     """The engine for the candidate's recipe; its constructor refuses a recipe it cannot build."""
     cls = engine_class(cand)

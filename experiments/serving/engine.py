@@ -24,6 +24,12 @@ class Engine(ABC):
         return None
 
     @classmethod
+    def batches_continuously(cls, recipe: Recipe, scheduler: str) -> dict | None:
+        """The recipe changes under which this engine batches continuously itself (sequences join and leave at
+        every step), or None when it cannot: the batching rung then runs `scheduler` over the torch model."""
+        return None
+
+    @classmethod
     def require_buildable(cls, cand: Candidate) -> None:
         if reason := cls.refuses(cand):
             raise ValueError(reason)

@@ -72,11 +72,23 @@ class OrtGenaiEngine(Engine):
                     "cpu_dtype: fp16 to try ONNX Runtime fp16, or run bf16 in the torch engine")
         if recipe.prefix_caching:
             return f"onnxruntime-genai's paged engine ({recipe.engine}) has no prefix sharing"
+        if recipe.batching == "continuous" and recipe.execution_provider != "cuda":
+            return ("onnxruntime-genai's CPU Engine batches statically only; continuous batching on the CPU is a "
+                    "scheduler over the torch model")
+        if recipe.batching == "continuous" and recipe.quantization == "none" and recipe.precision == "fp32":
+            return "onnxruntime-genai's PagedAttention runs fp16 or bf16 only, not fp32"
         if recipe.execution_provider == "cuda" and recipe.cuda_device != 0:
             return (f"onnxruntime-genai places the model on the first CUDA device it sees, not cuda:"
                     f"{recipe.cuda_device}: run with CUDA_VISIBLE_DEVICES={recipe.cuda_device} and "
                     f"target.device=cuda")
         return None
+
+    @classmethod
+    def batches_continuously(cls, recipe, scheduler: str) -> dict | None:
+        """On CUDA its paged engine (PagedAttention) does, in fp16 or bf16; its CPU Engine batches statically."""
+        if recipe.execution_provider != "cuda":
+            return None
+        return {} if recipe.precision in ("fp16", "bf16") else {"precision": "fp16"}
 
     def __init__(self, cand: Candidate, threads: int, artefact_root: Path):
         import onnxruntime_genai as og

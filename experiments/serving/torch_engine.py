@@ -38,6 +38,10 @@ class TorchEngine(Engine):
                 or torch_refusal(recipe.quantization, recipe.precision, recipe.execution_provider,
                                  recipe.compile))
 
+    @classmethod
+    def batches_continuously(cls, recipe, scheduler: str) -> dict | None:
+        return {"scheduler": scheduler}
+
     def __init__(self, cand: Candidate, threads: int):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -128,6 +132,9 @@ def continuous_refusal(recipe) -> str | None:
         return None
     if recipe.scheduler not in ("transformers", "own"):
         return f"unknown continuous scheduler {recipe.scheduler!r}; known: transformers, own"
+    if recipe.scheduler == "transformers" and recipe.kv_num_blocks < 1:
+        return ("kv_num_blocks: 0 (size from GPU memory) applies to onnxruntime-genai's paged engine on CUDA only; "
+                "set a block count for transformers' scheduler over the torch model")
     if recipe.scheduler == "own" and recipe.prefix_caching:
         return ("the champion's own continuous scheduler keeps a left-padded batched KV cache, not a paged one: "
                 "there are no blocks to share (prefix caching needs continuous_batching's scheduler: transformers)")
