@@ -66,7 +66,7 @@ class Batching(Optimizer):
         if self.kind == "continuous":
             changes.update(kv_block_size=self.kv_block_size, kv_num_blocks=self.kv_num_blocks,
                            max_tokens_per_step=self.max_tokens_per_step)
-            # the engine says how it batches continuously (onnxruntime-genai's paged engine on CUDA needs fp16);
+            # the engine says how it batches continuously (onnxruntime-genai's paged engine: CUDA, fp16 or bf16);
             # one that cannot leaves it to a scheduler over the torch model
             changes.update(continuous_changes(cand, self.scheduler))
         return cand.edited(self.name, **changes)

@@ -1,7 +1,6 @@
 """Continuous batching over a paged KV cache (transformers' manager driving the torch model), for real."""
 import math
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -131,7 +130,7 @@ def test_continuous_rung_selects_torch_on_cpu_and_paged_ort_on_cuda(tiny_target)
     assert (paged.engine, paged.precision, paged.kv_num_blocks) == ("onnxruntime", "fp16", 256)
     # the engine, not the rung, knows its limits: PagedAttention keeps a bf16 champion's bf16, refuses fp32,
     # and onnxruntime-genai's CPU Engine refuses continuous batching outright
-    assert rung.apply(replace(ort_gpu, recipe=replace(ort_gpu.recipe, precision="bf16"))).recipe.precision == "bf16"
+    assert rung.apply(ort_gpu.edited("x", precision="bf16")).recipe.precision == "bf16"
     assert "fp16 or bf16" in refusal(ort_gpu.edited("x", batching="continuous", kv_block_size=16, kv_num_blocks=8))
     assert "statically" in refusal(ort_cpu.edited("x", batching="continuous", kv_block_size=16, kv_num_blocks=8))
     assert "paged KV cache" in PrefixCaching().check(cpu, ort_cpu)
