@@ -47,3 +47,16 @@ def tiny_target(model_dir):
     from experiments.recipe import Target
 
     return Target("tiny-llm", "causal-lm", model_dir)
+
+
+# Under `make test`'s two workers, files are handed out in this order, one whole file at a time: the longest first,
+# so that no long file starts last and keeps one worker busy alone. The first runs beside the built model's training
+# (minutes on first use); the four after it need no tiny-llm and fill the other worker meanwhile.
+LONGEST_FIRST = ("test_sweep_e2e", "test_smollm2_sweep", "test_sweep_minilm", "test_own_model_sweep", "test_gpu_extra",
+                 "test_resilience", "test_launchers", "test_contamination", "test_ui_check", "test_distillation",
+                 "test_architectures", "test_rungs_real")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))     # stable: the rest keep their order
