@@ -69,14 +69,16 @@ rollback: setup
 status: setup
 	$(BIN)/roi-ladder status $(REGISTRY_NAME) $(OVERRIDES)
 
-# Two workers: a serial run left a core idle two thirds of the time (sweeps wait on their child processes). Each
-# worker takes whole files (a file's sweep fixture runs once), the longest first (tests/conftest.py), so both end
-# together; TEST_WORKERS=0 runs serially.
+# Two workers: a serial run kept 0.68 of 2 cores busy on average (single-threaded Python between the engines'
+# work, sweeps waiting on their children). Each worker takes whole files (a file's sweep fixture runs once), the
+# longest first, after the built-in model is built with the machine to itself (tests/conftest.py). OpenMP threads
+# wait passively: spinning, they burn the core the other worker needs. TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+XDIST_ENV = $(if $(filter 0,$(TEST_WORKERS)),,OMP_WAIT_POLICY=PASSIVE)
 
 test: setup browser
-	$(BIN)/python -m pytest -v $(XDIST) --durations=25 $(PYTEST_ARGS)
+	$(XDIST_ENV) $(BIN)/python -m pytest -v $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # Debian's Chromium for the UI check (tests/test_ui_check.py; ~15 s from the mirror here), when apt and root are
 # at hand; without it that one test skips and says why.
@@ -87,7 +89,7 @@ browser:
 		    chromium; } > /tmp/roi-ladder-chromium.log 2>&1 || echo "chromium did not install: see /tmp/roi-ladder-chromium.log"; }
 
 test-fast: setup
-	$(BIN)/python -m pytest -v $(XDIST) -m "not slow" $(PYTEST_ARGS)
+	$(XDIST_ENV) $(BIN)/python -m pytest -v $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # Benchmarks, not tests: ratios measured side by side in one run (numbers vary with the machine's load).
 bench: setup

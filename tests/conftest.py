@@ -34,12 +34,24 @@ def compose(overrides=()):
         return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
 
 
-@pytest.fixture(scope="session")
-def model_dir():
+def built_model() -> Path:
     from experiments.models.tiny_llm import TinyLlmRecipe, ensure_built
 
     cfg = compose(["data_dir=/tmp/unused"])
     return ensure_built(TinyLlmRecipe(**cfg.target.build), SHARED_CACHE, print)
+
+
+def pytest_sessionstart(session):
+    """Under pytest-xdist, the built-in model is built here, before the workers start: its training, sharing
+    2 cores with another worker's sweeps, took 30 minutes instead of 6."""
+    config = session.config
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        print(f"\nthe built-in model, before the workers start: {built_model()}", flush=True)
+
+
+@pytest.fixture(scope="session")
+def model_dir():
+    return built_model()
 
 
 @pytest.fixture(scope="session")
