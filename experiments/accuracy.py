@@ -6,7 +6,7 @@ import functools
 import json
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -146,6 +146,39 @@ class AccuracyReport:
     stderr: float
     per_doc: tuple[float, ...] = field(repr=False)   # the metric per document, in doc_id order
     results: dict = field(repr=False, default_factory=dict)
+    doc_ids: tuple[int, ...] = field(repr=False, default=())   # () = 0, 1, ... in per_doc's order
+    documents: int = 0          # the documents the gate's last look scores (0: those in per_doc)
+    first_look: int = 0         # documents scored at the gate's first look (0: one look only)
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return self.doc_ids or tuple(range(len(self.per_doc)))
+
+    @property
+    def complete(self) -> bool:
+        return len(self.per_doc) >= (self.documents or len(self.per_doc))
+
+    def missing(self, wanted=None) -> list[int]:
+        """Document ids of the last look (or of `wanted`) this report has not scored."""
+        have = set(self.ids)
+        return [i for i in (range(self.documents) if wanted is None else wanted) if i not in have]
+
+    def extended(self, more: "AccuracyReport") -> "AccuracyReport":
+        """This report and `more` (other documents of the same task) as one. The value is the per-document mean
+        (as lm-eval aggregates a multiple-choice task's metrics), and so is each of lm-eval's other figures,
+        weighted by documents; their bootstrap stderrs are dropped, the gated metric's is recomputed."""
+        by_id = dict(zip(self.ids, self.per_doc)) | dict(zip(more.ids, more.per_doc))
+        ids = tuple(sorted(by_id))
+        per_doc = np.array([by_id[i] for i in ids])
+        n, m = len(self.per_doc), len(more.per_doc)
+        mine, theirs = (r.results.get("results", {}).get(self.task, {}) for r in (self, more))
+        row = {k: (v * n + theirs[k] * m) / (n + m) for k, v in mine.items() if "stderr" not in k
+               and isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(theirs.get(k), (int, float))}
+        row |= {k: n + m for k in row if k.startswith("sample_len")}      # a count, not a mean
+        stderr = float(per_doc.std(ddof=1) / np.sqrt(len(per_doc))) if len(per_doc) > 1 else 0.0
+        results = {**self.results, "results": {**self.results.get("results", {}), self.task: row}}
+        return replace(self, value=float(per_doc.mean()), stderr=stderr, per_doc=tuple(per_doc.tolist()),
+                       doc_ids=ids, results=results, first_look=self.first_look or n)
 
     def to_metrics(self) -> dict[str, float]:
         """Every numeric figure lm-eval reported for the task (`acc,none` -> `acc`), plus the gated one."""
@@ -154,6 +187,7 @@ class AccuracyReport:
                for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         out[mlflow_name(f"accuracy/{self.task}/{self.metric}")] = self.value
         out[mlflow_name(f"accuracy/{self.task}/{self.metric}_stderr")] = self.stderr
+        out[mlflow_name(f"accuracy/{self.task}/documents")] = float(len(self.per_doc))
         return out
 
 
@@ -199,9 +233,13 @@ def task_manager(tasks: list[str], include_path: Path | None):
 
 
 def evaluate(lm, tasks: list[str], metric: str, include_path: Path | None, limit: int | None,
-             seed: int, progress=None) -> list[AccuracyReport]:
-    """progress(done, total, what, unit) (console.Stage.progress): requests answered of those asked, counted
-    where the LM hands each answer to its cache hook (HFLM and the adapters here do, one per request)."""
+             seed: int, progress=None, first_look: int | None = None,
+             doc_ids: list[int] | None = None) -> list[AccuracyReport]:
+    """Each task's first `limit` documents (None: all). With `first_look` below that, only the first
+    `first_look` are scored now, the rest when the gate asks (doc_ids: those documents only; the reports say
+    how many the last look scores). progress(done, total, what, unit) (console.Stage.progress): requests
+    answered of those asked, counted where the LM hands each answer to its cache hook (HFLM and the adapters
+    here do, one per request)."""
     import lm_eval
 
     for request_type in ("loglikelihood", "loglikelihood_rolling", "generate_until"):
@@ -209,7 +247,9 @@ def evaluate(lm, tasks: list[str], metric: str, include_path: Path | None, limit
         method = functools.partial(getattr(lm, request_type), disable_tqdm=True)
         setattr(lm, request_type, _counted(lm, method, request_type, progress) if progress else method)
     manager = task_manager(list(tasks), include_path)
-    res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
+    now = limit if first_look is None or (limit is not None and limit <= first_look) else first_look
+    chosen = {"limit": None, "samples": {t: list(doc_ids) for t in tasks}} if doc_ids is not None else {"limit": now}
+    res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, **chosen,
                                   log_samples=True, random_seed=seed, numpy_random_seed=seed,
                                   torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=0)  # stderr from per-doc values below (paired later)
     reports = []
@@ -217,10 +257,13 @@ def evaluate(lm, tasks: list[str], metric: str, include_path: Path | None, limit
         row = res["results"][task]
         samples = sorted(res["samples"][task], key=lambda s: s["doc_id"])
         per_doc = np.array([float(s[metric]) for s in samples])
+        total = int(res["n-samples"][task]["original"])
+        documents = total if limit is None else min(total, int(limit))
         reports.append(AccuracyReport(
             task=task, metric=metric, value=float(row[f"{metric},none"]),
             stderr=float(per_doc.std(ddof=1) / np.sqrt(len(per_doc))) if len(per_doc) > 1 else 0.0,
-            per_doc=tuple(per_doc.tolist()),
+            per_doc=tuple(per_doc.tolist()), doc_ids=tuple(int(s["doc_id"]) for s in samples),
+            documents=documents, first_look=len(per_doc) if len(per_doc) < documents else 0,
             # as JSON sees it: task configs hold callables and locks, and a report travels between processes
             results=json.loads(json.dumps({"results": res["results"], "configs": res.get("configs", {}),
                                            "versions": res.get("versions", {})}, default=str))))

@@ -72,6 +72,14 @@ def measure(cand: Candidate, sweep, name: str, apart: Apart, on_progress=None) -
     return apart.run("measure", _measure_here, cand, replace(sweep, ui=None), name, on_progress=on_progress)
 
 
+def scored_more(cand: Candidate, reports: list[AccuracyReport], sweep, name: str, who: str, apart: Apart,
+                on_progress=None) -> list[AccuracyReport]:
+    """`reports` of `cand` (the rung's `who`: challenger or champion) completed (Scorer.score_more) on a fresh
+    build in a process of its own."""
+    return apart.run(f"scores-{who}", _score_more_here, cand, reports, replace(sweep, ui=None), name,
+                     on_progress=on_progress)
+
+
 ROUNDS_DONE = {True: "each run a fresh build in a fresh process of its own",
                False: "each side built once in a process of its own, stopped (SIGSTOP) while the other runs"}
 
@@ -168,6 +176,16 @@ def _measure_here(cand: Candidate, sweep, name: str) -> Measured:
         return Measured(bench, acc, fidelity, float(engine.artefact_bytes()), float(engine.weight_bits()),
                         getattr(engine, "build_seconds", None), getattr(engine, "reused", None), reused_from,
                         sweep.kind.reference, os.getpid())
+    finally:
+        engine.close()
+
+
+def _score_more_here(cand: Candidate, reports, sweep, name: str) -> list[AccuracyReport]:
+    ui = _quiet_console()
+    with ui.stage(f"{name}: building the {cand.recipe.engine} engine"):
+        engine = build_engine(cand, int(sweep.cfg.threads), Path(sweep.cfg.cache_dir) / "artefacts")
+    try:
+        return sweep.kind.score_more(engine, reports, ui.stage, name)
     finally:
         engine.close()
 

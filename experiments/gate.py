@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy import stats
 
+from experiments import sequential
 from experiments.accuracy import AccuracyReport
 from experiments.benchmark import BenchmarkReport
 from experiments.errors import ConfigError
@@ -26,6 +27,7 @@ class Criterion:
     passed: bool
     detail: str
     numbers: dict[str, float] = field(default_factory=dict)
+    undecided: bool = False     # not passed yet: a first look that more documents may decide
 
 
 @dataclass(frozen=True)
@@ -169,24 +171,40 @@ class Gate:
         """Non-inferiority, paired on the same documents: drop = mean(champion - challenger) per doc.
 
         Passes when the one-sided upper bound drop + z_needed * se stays within the tolerance, i.e. when
-        z = (tolerance - drop) / se >= z_needed: the drop is significantly below the tolerance.
+        z = (tolerance - drop) / se >= z_needed: the drop is significantly below the tolerance. A challenger
+        scored at its first look of two (experiments/sequential.py) passes only on the first look's stricter
+        bound, fails when the drop's lower bound already exceeds the tolerance, and is otherwise undecided:
+        the rest of the documents decide, on the last look's bound.
         """
-        a, b = np.asarray(champion.per_doc), np.asarray(challenger.per_doc)
-        if a.shape != b.shape:
-            return Criterion("accuracy", False, f"{champion.task}: scored {len(b)} docs, champion {len(a)}")
-        diff = a - b
+        by_id = dict(zip(champion.ids, champion.per_doc))
+        if missing := [i for i in challenger.ids if i not in by_id]:
+            return Criterion("accuracy", False, f"{champion.task}: the champion has no score for {len(missing)} of "
+                                                f"the {len(challenger.per_doc)} documents scored")
+        diff = np.array([by_id[i] for i in challenger.ids]) - np.asarray(challenger.per_doc)
         drop = float(diff.mean())
         se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
-        z_needed = float(stats.norm.ppf(float(self.cfg.confidence)))
+        confidence = float(self.cfg.confidence)
+        z_single = float(stats.norm.ppf(confidence))
+        planned, first = challenger.documents or len(diff), challenger.first_look
+        look, z_needed = "", z_single
+        if 0 < first < planned:
+            z_first, z_last = sequential.bounds(first / planned, confidence)
+            at_first = len(diff) < planned
+            z_needed = z_first if at_first else z_last
+            look = f"{'first' if at_first else 'last'} look of two ({len(diff)} of {planned} documents), "
         upper = drop + z_needed * se
         tol, which = accuracy_tolerance(self.cfg.accuracy, champion.value)
         passed = upper <= tol
         z = (tol - drop) / se if se > 0 else (math.inf if drop <= tol else -math.inf)
-        detail = (f"{champion.task} {champion.metric} {challenger.value:.3f} vs {champion.value:.3f}: "
+        numbers = {"drop": drop, "drop_se": se, "drop_upper": upper, "tolerance": tol, "z": z,
+                   "z_needed": z_needed, "documents": float(len(diff))}
+        detail = (f"{champion.task} {champion.metric} {challenger.value:.3f} vs {champion.value:.3f}: {look}"
                   f"drop {drop:+.3f} (se {se:.3f}, upper {upper:+.3f}) {'<=' if passed else '>'} {tol:.3f} "
                   f"({which}); z {z:.2f} {'>=' if passed else '<'} {z_needed:.2f}")
-        return Criterion("accuracy", passed, detail, {"drop": drop, "drop_se": se, "drop_upper": upper,
-                                                      "tolerance": tol, "z": z, "z_needed": z_needed})
+        if not passed and look.startswith("first") and drop - z_single * se <= tol:
+            return Criterion("accuracy", False, detail + ": undecided at the first look", numbers,
+                             undecided=True)
+        return Criterion("accuracy", passed, detail, numbers)
 
 
 def _objective(values, stat: str) -> float:

@@ -100,6 +100,8 @@ def _challenge_isolated(name, opt, champion, current, sweep: Sweep, run_id: str,
     if sweep.kind.reference is None:
         sweep.kind.reference = reference           # the baseline's: fidelity of every later rung is against it
     sweep.scores.update(scores)
+    if champion is not None and champion.candidate is not None:   # its scores, completed by this rung's gate?
+        champion.accuracy = sweep.scores.get(contender.numerics_key(champion.candidate), [champion.accuracy])[0]
     outcome.champion_before = champion
     return outcome
 
@@ -146,13 +148,14 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
             criteria = _performance(champion, outcome.bench, cand, sweep, name, apart)
             if cfg.gate.get("slos_still_met", True):
                 criteria.append(gate.slos(champion.bench, outcome.bench))
-            criteria += _accuracy_criteria(gate, champion.accuracy, outcome.accuracy)
             drift = sweep.kind.judge(outcome.fidelity)   # fidelity (and generation agreement) vs the baseline
-            if opt.fidelity_gated:
-                criteria += drift
-            else:
+            if not opt.fidelity_gated:
                 tracking.set_tag(Tag.FIDELITY, "recorded, not gated for this rung: "
                                                  + "; ".join(c.detail for c in drift))
+                drift = []
+            criteria += _accuracy(champion, outcome, sweep, name, apart,
+                                  pursue=all(c.passed for c in criteria + drift))
+            criteria += drift
             criteria += _soak(cand, outcome.bench, criteria, sweep, name, run_id, apart)
             outcome.verdict = Verdict.from_criteria(criteria)
             _log_criteria(outcome.verdict.criteria)
@@ -260,6 +263,39 @@ def _soak(cand, bench, criteria, sweep: Sweep, name: str, run_id: str, apart: co
                                 on_progress=st.relayed)
 
 
+def _accuracy(champion: RungOutcome, outcome: RungOutcome, sweep: Sweep, name: str, apart: contender.Apart,
+              pursue: bool) -> list[Criterion]:
+    """The accuracy criteria. Where the first look of two leaves one undecided, both sides' scores are
+    completed (each in a process of its own; the completed scores serve later rungs too) and judged at the
+    last look, unless another criterion already failed (the rung is rejected whatever the rest would say)."""
+    if any(set(c.ids) - set(k.ids) for k, c in zip(champion.accuracy, outcome.accuracy)):
+        # the challenger's are scores another rung's gate completed: the champion's must pair with them
+        champion.accuracy = _completed(champion, sweep, name, "champion", apart)
+    criteria = _accuracy_criteria(sweep.gate, champion.accuracy, outcome.accuracy)
+    if not any(c.undecided for c in criteria):
+        return criteria
+    if not pursue:
+        return [replace(c, detail=f"{c.detail}; the other documents were not scored: another criterion failed")
+                if c.undecided else c for c in criteria]
+    outcome.accuracy = _completed(outcome, sweep, name, "challenger", apart)
+    _log_accuracy(outcome.accuracy)
+    champion.accuracy = _completed(champion, sweep, name, "champion", apart)
+    return _accuracy_criteria(sweep.gate, champion.accuracy, outcome.accuracy)
+
+
+def _completed(side: RungOutcome, sweep: Sweep, name: str, who: str, apart: contender.Apart) -> list:
+    key = contender.numerics_key(side.candidate)
+    known = sweep.scores.get(key, [side.accuracy])[0]           # completed by an earlier rung's gate?
+    if not any(r.missing() for r in known):
+        return known
+    with sweep.ui.stage(f"{name}: the {who}'s other documents, in a process of its own") as st:
+        done = contender.scored_more(side.candidate, known, sweep, name, who, apart, on_progress=st.relayed)
+    if key in sweep.scores:
+        _, fidelity, by = sweep.scores[key]
+        sweep.scores[key] = (done, fidelity, by)
+    return done
+
+
 def _accuracy_criteria(gate: Gate, champion: list[AccuracyReport], challenger: list[AccuracyReport]) -> list[Criterion]:
     """One criterion per gated score; with several, each named after what tells it apart (the metric within
     one task, as recall@1 and @5; else the task) so none overwrites another's tag and numbers."""
@@ -315,8 +351,12 @@ def _log_measurements(outcome: RungOutcome) -> None:
     tracking.set_tags({f"validity.{k}": str(v) for k, v in outcome.bench.validity().items()})
     if outcome.fidelity is not None:
         mlflow.log_metrics(outcome.fidelity.to_metrics())
-    shared = len({a.task for a in outcome.accuracy}) < len(outcome.accuracy)   # recall@1 and @5 of one task
-    for acc in outcome.accuracy:
+    _log_accuracy(outcome.accuracy)
+
+
+def _log_accuracy(reports: list[AccuracyReport]) -> None:
+    shared = len({a.task for a in reports}) < len(reports)   # recall@1 and @5 of one task
+    for acc in reports:
         mlflow.log_metrics(acc.to_metrics())
         folder = f"accuracy/{acc.task}/{mlflow_name(acc.metric)}" if shared else f"accuracy/{acc.task}"
         tracking.write_json(acc.results, f"{folder}/results.json")

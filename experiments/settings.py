@@ -86,6 +86,8 @@ SETTINGS = (
     # --- accuracy and the gate
     Setting("accuracy.limit", int, AT_LEAST_ONE, "null scores every document, e.g. accuracy.limit=200",
             nullable=True),
+    Setting("accuracy.first_look", int, AT_LEAST_ONE, "null looks once at every document, e.g. "
+            "accuracy.first_look=400", nullable=True),
     Setting("accuracy.batch_size", int, AT_LEAST_ONE, "e.g. accuracy.batch_size=32"),
     one_of("gate.objective.metric", LATENCY_METRICS),
     one_of("gate.objective.stat", STATS),

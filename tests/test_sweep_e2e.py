@@ -113,6 +113,20 @@ def test_no_accepted_rung_is_slower_than_its_champion_in_their_own_recorded_numb
         assert rung.data.tags["roi.measurement"].startswith("each measurement in a fresh process of its own")
 
 
+def test_accuracy_is_judged_at_the_first_look_or_on_every_document_and_says_which(sweep):
+    """The quick profile looks at 100 documents first and at all 200 where those leave the criterion open."""
+    _, _, runs, _ = sweep
+    judged = [r for r in runs if "gate/accuracy/documents" in r.data.metrics]
+    assert len(judged) >= 4
+    for r in judged:
+        documents, detail = r.data.metrics["gate/accuracy/documents"], r.data.tags["roi.gate.accuracy"]
+        assert documents in (100, 200), detail
+        assert ("first look of two (100 of 200 documents)" in detail) == (documents == 100), detail
+        assert ("last look of two (200 of 200 documents)" in detail) == (documents == 200), detail
+        if documents == 200 and not r.data.tags.get("roi.scores_reused_from"):
+            assert r.data.metrics["accuracy/tiny_llm_nextline/documents"] == 200     # its scores were completed
+
+
 def test_accepted_challengers_were_soaked_and_the_rest_were_not(sweep):
     _, client, runs, _ = sweep
     for r in runs:

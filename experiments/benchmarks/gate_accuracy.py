@@ -48,9 +48,19 @@ def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: i
     noise = DecoderNoise(engine.model)
     fid = cfg.gate.fidelity
 
-    def measure():
+    def measure(first_look=None, doc_ids=None):
         return evaluate(engine.lm_eval_model(int(cfg.accuracy.batch_size)), list(cfg.accuracy.tasks),
-                        cfg.gate.accuracy.metric, include_path, cfg.accuracy.limit, cfg.seed)[0]
+                        cfg.gate.accuracy.metric, include_path, cfg.accuracy.limit, cfg.seed,
+                        first_look=first_look, doc_ids=doc_ids)[0]
+
+    def gated(champion):
+        """As a rung's gate judges: the first look, and the rest of the documents where it is undecided."""
+        scored = measure(first_look=cfg.accuracy.get("first_look"))
+        acc = gate.accuracy(champion, scored)
+        if acc.undecided:
+            scored = scored.extended(measure(doc_ids=scored.missing()))
+            acc = gate.accuracy(champion, scored)
+        return scored, acc
 
     try:
         champion = measure()
@@ -62,7 +72,7 @@ def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: i
             drops = []
             for seed in CALIBRATION_SEEDS:
                 noise.apply(sigma, seed)
-                drops.append(champion.value - measure().value)
+                drops.append(float(np.mean(_paired(champion, measure(first_look=cfg.accuracy.get("first_look"))))))
             calibration.append((sigma, float(np.mean(drops))))
             console.print(f"  calibration: sigma {sigma:.3g} -> drop {calibration[-1][1]:+.4f} "
                           f"(seeds {', '.join(f'{d:+.4f}' for d in drops)})", highlight=False)
@@ -74,10 +84,9 @@ def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: i
                 continue
             for seed in range(n):
                 noise.apply(scale, seed)
-                scored = measure()
-                acc = gate.accuracy(champion, scored)
+                scored, acc = gated(champion)
                 fidelity = judge(reference.compare(engine), fid.max_kl, fid.min_top1, cfg.gate.confidence)
-                flips = int(np.sum(np.asarray(champion.per_doc) != np.asarray(scored.per_doc)))
+                flips = int(np.count_nonzero(_paired(champion, scored)))
                 judged[label].append((acc, fidelity, flips))
                 c, f = acc.numbers, fidelity.numbers
                 console.print(f"  {label} (sigma {scale:.3f}) seed {seed}: {flips} of {len(scored.per_doc)} documents "
@@ -89,6 +98,12 @@ def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: i
     finally:
         noise.restore()
         engine.close()
+
+
+def _paired(champion, scored) -> np.ndarray:
+    """champion - scored, per document that `scored` has."""
+    mine = dict(zip(champion.ids, champion.per_doc))
+    return np.array([mine[i] - v for i, v in zip(scored.ids, scored.per_doc)])
 
 
 def calibrate(points) -> tuple[float, str]:

@@ -156,7 +156,7 @@ class CausalLMScorer:
             with stage(f"{name}: lm-eval in the {engine.name} engine") as st:
                 acc = evaluate(engine.lm_eval_model(int(cfg.accuracy.batch_size)), self.tasks,
                                cfg.gate.accuracy.metric, self.include_path, cfg.accuracy.limit, cfg.seed,
-                               st.progress)
+                               st.progress, first_look=cfg.accuracy.get("first_look"))
         with stage(f"{name}: fidelity against the baseline") as st:
             # Against the original baseline, not the champion, so drift cannot build up rung by rung.
             if self.reference is None:
@@ -169,6 +169,23 @@ class CausalLMScorer:
             ref = self.reference
             agreement = ref.generations.compare(engine, st.progress) if ref.generations is not None else None
             return acc, Drift(ref.logprobs.compare(engine, st.progress), agreement)
+
+    def score_more(self, engine, reports: list, stage, name: str) -> list:
+        """`reports` completed: the documents of the gate's last look that they lack, scored in this engine."""
+        from experiments.accuracy import evaluate
+
+        cfg, out = self.cfg, []
+        for report in reports:
+            rest = report.missing()
+            if not rest:
+                out.append(report)
+                continue
+            with stage(f"{name}: lm-eval in the {engine.name} engine, {len(rest)} more documents") as st:
+                more = evaluate(engine.lm_eval_model(int(cfg.accuracy.batch_size)), [report.task],
+                                cfg.gate.accuracy.metric, self.include_path, cfg.accuracy.limit, cfg.seed,
+                                st.progress, doc_ids=rest)[0]
+            out.append(report.extended(more))
+        return out
 
     def judge(self, drift: Drift) -> list:
         """The gate's criteria (gate.Criterion) on the drift."""
