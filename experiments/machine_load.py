@@ -22,12 +22,14 @@ class MachineLoad:
     load1: float           # the kernel's 1-minute load average, for comparison with other tools
 
     @classmethod
-    def sample(cls, seconds: float = SAMPLE_S) -> "MachineLoad":
+    def sample(cls, seconds: float = SAMPLE_S, root: psutil.Process | None = None) -> "MachineLoad":
+        """Other work: all but `root`'s tree (default: this process's)."""
         cores = psutil.cpu_count() or 1
-        machine, own, start = _busy_seconds(), _own_seconds(), time.monotonic()
+        root = root or psutil.Process()
+        machine, own, start = _busy_seconds(), _own_seconds(root), time.monotonic()
         time.sleep(seconds)
         elapsed = time.monotonic() - start
-        other = (_busy_seconds() - machine) - (_own_seconds() - own)
+        other = (_busy_seconds() - machine) - (_own_seconds(root) - own)
         return cls(round(max(0.0, other / elapsed), 2), cores, round(os.getloadavg()[0], 2))
 
     @property
@@ -55,11 +57,10 @@ def _busy_seconds() -> float:
     return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
-def _own_seconds() -> float:
-    """CPU seconds of this process and every living descendant (one that exits mid-sample counts as other)."""
-    me = psutil.Process()
+def _own_seconds(root: psutil.Process) -> float:
+    """CPU seconds of `root` and every living descendant (one that exits mid-sample counts as other)."""
     total = 0.0
-    for p in (me, *me.children(recursive=True)):
+    for p in (root, *root.children(recursive=True)):
         try:
             t = p.cpu_times()
         except psutil.Error:          # gone between listing and reading
