@@ -163,6 +163,11 @@ class AccuracyReport:
         have = set(self.ids)
         return [i for i in (range(self.documents) if wanted is None else wanted) if i not in have]
 
+    def at(self, ids) -> np.ndarray:
+        """The per-document scores of `ids` (each one scored here), in that order: what another report's pair."""
+        by_id = dict(zip(self.ids, self.per_doc))
+        return np.array([by_id[i] for i in ids])
+
     def extended(self, more: "AccuracyReport") -> "AccuracyReport":
         """This report and `more` (other documents of the same task) as one. The value is the per-document mean
         (as lm-eval aggregates a multiple-choice task's metrics), and so is each of lm-eval's other figures,

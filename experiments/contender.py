@@ -159,8 +159,7 @@ def _quiet_console():
 def _measure_here(cand: Candidate, sweep, name: str) -> Measured:
     cfg = sweep.cfg
     ui = _quiet_console()
-    with ui.stage(f"{name}: building the {cand.recipe.engine} engine"):
-        engine = build_engine(cand, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
+    engine = _built(cand, cfg, ui, name)
     try:
         with ui.stage(f"{name}: load ladder") as st:
             bench = run_benchmark(engine, sweep.workload, cfg.benchmark, cfg.gate.confidence,
@@ -182,12 +181,16 @@ def _measure_here(cand: Candidate, sweep, name: str) -> Measured:
 
 def _score_more_here(cand: Candidate, reports, sweep, name: str) -> list[AccuracyReport]:
     ui = _quiet_console()
-    with ui.stage(f"{name}: building the {cand.recipe.engine} engine"):
-        engine = build_engine(cand, int(sweep.cfg.threads), Path(sweep.cfg.cache_dir) / "artefacts")
+    engine = _built(cand, sweep.cfg, ui, name)
     try:
         return sweep.kind.score_more(engine, reports, ui.stage, name)
     finally:
         engine.close()
+
+
+def _built(cand: Candidate, cfg, ui, name: str):
+    with ui.stage(f"{name}: building the {cand.recipe.engine} engine"):
+        return build_engine(cand, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
 
 
 def _level_counter(st, cfg_benchmark):

@@ -176,11 +176,10 @@ class Gate:
         bound, fails when the drop's lower bound already exceeds the tolerance, and is otherwise undecided:
         the rest of the documents decide, on the last look's bound.
         """
-        by_id = dict(zip(champion.ids, champion.per_doc))
-        if missing := [i for i in challenger.ids if i not in by_id]:
+        if missing := champion.missing(challenger.ids):
             return Criterion("accuracy", False, f"{champion.task}: the champion has no score for {len(missing)} of "
                                                 f"the {len(challenger.per_doc)} documents scored")
-        diff = np.array([by_id[i] for i in challenger.ids]) - np.asarray(challenger.per_doc)
+        diff = champion.at(challenger.ids) - np.asarray(challenger.per_doc)
         drop = float(diff.mean())
         se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
         confidence = float(self.cfg.confidence)

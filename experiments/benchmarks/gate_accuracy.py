@@ -102,8 +102,7 @@ def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: i
 
 def _paired(champion, scored) -> np.ndarray:
     """champion - scored, per document that `scored` has."""
-    mine = dict(zip(champion.ids, champion.per_doc))
-    return np.array([mine[i] - v for i, v in zip(scored.ids, scored.per_doc)])
+    return champion.at(scored.ids) - np.asarray(scored.per_doc)
 
 
 def calibrate(points) -> tuple[float, str]:
