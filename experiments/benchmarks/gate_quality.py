@@ -273,8 +273,9 @@ def main() -> None:
     parser.add_argument("--profile", default="demo",
                         help="the conf/profile whose gate settings judge (default demo, make sweep's; none: "
                              "conf/gate's own, 20 rounds of 1 s)")
-    parser.add_argument("--part", choices=("all", "performance", "accuracy", "harmless"), default="all",
-                        help="only the performance trials, only the accuracy seeds, or only the harmless ones")
+    parser.add_argument("--part", choices=("all", "performance", "accuracy", "drop", "harmless"), default="all",
+                        help="only the performance trials, only the accuracy seeds (drop and harmless), or only "
+                             "one of the two accuracy scenarios: two processes can score them side by side")
     args = parser.parse_args()
     n = args.n if args.n is not None else (5 if args.quick else 20)
     sigmas = CALIBRATION_SIGMAS[::3] if args.quick else CALIBRATION_SIGMAS
@@ -304,8 +305,8 @@ def main() -> None:
         console.print(f"[bold]performance[/bold]: onnxruntime fp32 engine, closed loop c={CONCURRENCY}, {n} trials "
                       f"of (champion, same, +{SLOWDOWN:.0%} slowed, disturbing) in a drawn, balanced order")
         trials = performance(cfg, gate, base, workload, n, CONCURRENCY, console)
-    if args.part in ("all", "accuracy", "harmless"):
-        scenarios = ("harmless",) if args.part == "harmless" else ("drop", "harmless")
+    if args.part in ("all", "accuracy", "drop", "harmless"):
+        scenarios = (args.part,) if args.part in ("drop", "harmless") else ("drop", "harmless")
         console.print(f"[bold]accuracy[/bold]: torch fp32 engine, lm-eval {', '.join(cfg.accuracy.tasks)} "
                       f"({cfg.accuracy.limit or 'all'} documents, the first {cfg.accuracy.get('first_look')} at "
                       f"the first look) and {len(windows)} fidelity windows, {n} noise seeds: "
