@@ -179,7 +179,8 @@ class Gate:
         if missing := champion.missing(challenger.ids):
             return Criterion("accuracy", False, f"{champion.task}: the champion has no score for {len(missing)} of "
                                                 f"the {len(challenger.per_doc)} documents scored")
-        diff = champion.at(challenger.ids) - np.asarray(challenger.per_doc)
+        paired = champion.at(challenger.ids)
+        diff = paired - np.asarray(challenger.per_doc)
         drop = float(diff.mean())
         se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0
         confidence = float(self.cfg.confidence)
@@ -197,7 +198,8 @@ class Gate:
         z = (tol - drop) / se if se > 0 else (math.inf if drop <= tol else -math.inf)
         numbers = {"drop": drop, "drop_se": se, "drop_upper": upper, "tolerance": tol, "z": z,
                    "z_needed": z_needed, "documents": float(len(diff))}
-        detail = (f"{champion.task} {champion.metric} {challenger.value:.3f} vs {champion.value:.3f}: {look}"
+        # both values over the documents compared: a champion may have scored more of them than the challenger
+        detail = (f"{champion.task} {champion.metric} {np.mean(challenger.per_doc):.3f} vs {paired.mean():.3f}: {look}"
                   f"drop {drop:+.3f} (se {se:.3f}, upper {upper:+.3f}) {'<=' if passed else '>'} {tol:.3f} "
                   f"({which}); z {z:.2f} {'>=' if passed else '<'} {z_needed:.2f}")
         if not passed and look.startswith("first") and drop - z_single * se <= tol:

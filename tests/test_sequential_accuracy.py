@@ -86,6 +86,14 @@ def test_one_look_is_the_plain_test():
     assert crit.numbers["z_needed"] == pytest.approx(Z95) and "look" not in crit.detail
 
 
+def test_the_detail_shows_both_sides_over_the_documents_compared():
+    # The champion has scored all 1,200 documents (0.50 over them), the challenger the first 400 (0.75 on both).
+    champion = report([1.0] * 300 + [0.0] * 100 + [1.0] * 300 + [0.0] * 500)
+    crit = gate().accuracy(champion, first(champion, 400))
+    assert champion.value == pytest.approx(0.5)
+    assert "acc 0.750 vs 0.750: first look of two (400 of 1200 documents)" in crit.detail
+
+
 def test_the_champion_must_have_scored_every_document_the_challenger_did():
     crit = gate().accuracy(report([1.0] * 400), report([1.0] * 10, range(400, 410), documents=1200))
     assert not crit.passed and "no score for 10 of the 10 documents" in crit.detail
