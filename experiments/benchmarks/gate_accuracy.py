@@ -41,9 +41,10 @@ class DecoderNoise:
 
 
 def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: int, sigmas, console,
-             scenarios=("drop", "harmless")):
+             scenarios=("drop", "harmless"), sigma: float | None = None):
     """Per noise seed, at the calibrated scale ("drop") and at HARMLESS_SCALE of it ("harmless"): (the accuracy
-    criterion, the fidelity criterion, documents whose score changed) against the clean model."""
+    criterion, the fidelity criterion, documents whose score changed) against the clean model. `sigma` given
+    skips the calibration (it is deterministic: fixed seeds, the first look's documents)."""
     engine = build_engine(base, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
     noise = DecoderNoise(engine.model)
     fid = cfg.gate.fidelity
@@ -53,11 +54,12 @@ def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: i
                         cfg.gate.accuracy.metric, include_path, cfg.accuracy.limit, cfg.seed,
                         first_look=first_look, doc_ids=doc_ids)[0]
 
-    def gated(champion):
-        """As a rung's gate judges: the first look, and the rest of the documents where it is undecided."""
+    def gated(champion, fidelity):
+        """As a rung's gate judges: the first look, and the rest of the documents where it is undecided and
+        no other criterion (here fidelity) has failed."""
         scored = measure(first_look=cfg.accuracy.get("first_look"))
         acc = gate.accuracy(champion, scored)
-        if acc.undecided:
+        if acc.undecided and fidelity.passed:
             scored = scored.extended(measure(doc_ids=scored.missing()))
             acc = gate.accuracy(champion, scored)
         return scored, acc
@@ -67,37 +69,51 @@ def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: i
         reference = BaselineLogprobs.record(engine, windows)
         console.print(f"  champion {champion.task} {champion.metric} = {champion.value:.4f} "
                       f"(n = {len(champion.per_doc)} documents)", highlight=False)
-        calibration = []
-        for sigma in sigmas:
-            drops = []
-            for seed in CALIBRATION_SEEDS:
-                noise.apply(sigma, seed)
-                drops.append(float(np.mean(_paired(champion, measure(first_look=cfg.accuracy.get("first_look"))))))
-            calibration.append((sigma, float(np.mean(drops))))
-            console.print(f"  calibration: sigma {sigma:.3g} -> drop {calibration[-1][1]:+.4f} "
-                          f"(seeds {', '.join(f'{d:+.4f}' for d in drops)})", highlight=False)
-        sigma, how = calibrate(calibration)
-        console.print(f"  calibrated: sigma {sigma:.3f} for a {TARGET_DROP:.2f} drop ({how})", highlight=False)
+        if sigma is None:
+            sigma, how = calibrate(_calibration(noise, champion, sigmas, measure, cfg, console))
+        else:
+            how = "given with --sigma, not calibrated in this run"
+        console.print(f"  noise: sigma {sigma:.3f} for a {TARGET_DROP:.2f} drop ({how})", highlight=False)
         judged = {"drop": [], "harmless": []}
         for label, scale in (("drop", sigma), ("harmless", sigma * HARMLESS_SCALE)):
             if label not in scenarios:
                 continue
             for seed in range(n):
                 noise.apply(scale, seed)
-                scored, acc = gated(champion)
                 fidelity = judge(reference.compare(engine), fid.max_kl, fid.min_top1, cfg.gate.confidence)
+                scored, acc = gated(champion, fidelity)
                 flips = int(np.count_nonzero(_paired(champion, scored)))
                 judged[label].append((acc, fidelity, flips))
                 c, f = acc.numbers, fidelity.numbers
                 console.print(f"  {label} (sigma {scale:.3f}) seed {seed}: {flips} of {len(scored.per_doc)} documents "
                               f"changed, drop {c['drop']:+.4f} se {c['drop_se']:.4f} upper {c['drop_upper']:+.4f} -> "
-                              f"{'pass' if acc.passed else 'REJECT'};  KL {f['kl_mean']:.3g} top-1 "
+                              f"{_verdict(acc)};  KL {f['kl_mean']:.3g} top-1 "
                               f"{f['top1_agreement']:.3f} -> {'pass' if fidelity.passed else 'REJECT'}",
                               highlight=False)
         return sigma, judged["drop"], judged["harmless"]
     finally:
         noise.restore()
         engine.close()
+
+
+def _calibration(noise, champion, sigmas, measure, cfg, console) -> list[tuple[float, float]]:
+    """(sigma, mean drop over CALIBRATION_SEEDS) on the first look's documents, for each sigma of the grid."""
+    points = []
+    for sigma in sigmas:
+        drops = []
+        for seed in CALIBRATION_SEEDS:
+            noise.apply(sigma, seed)
+            drops.append(float(np.mean(_paired(champion, measure(first_look=cfg.accuracy.get("first_look"))))))
+        points.append((sigma, float(np.mean(drops))))
+        console.print(f"  calibration: sigma {sigma:.3g} -> drop {points[-1][1]:+.4f} "
+                      f"(seeds {', '.join(f'{d:+.4f}' for d in drops)})", highlight=False)
+    return points
+
+
+def _verdict(acc) -> str:
+    if acc.undecided:
+        return "undecided (first look; the rest not scored: fidelity failed)"
+    return "pass" if acc.passed else "REJECT"
 
 
 def _paired(champion, scored) -> np.ndarray:

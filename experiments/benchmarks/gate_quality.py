@@ -225,11 +225,15 @@ def _drop_rows(table: Table, verdicts, sigma: float) -> None:
     table.add_row(*either.row(f"~{TARGET_DROP * 100:.0f}-point accuracy drop rejected by the gate",
                               f"sigma {sigma:.3f}: drop mean {drops.mean():+.4f}, range [{drops.min():+.4f}, "
                               f"{drops.max():+.4f}]; either criterion below fails it"))
-    for label, picked in (("  of which: accuracy criterion (lm-eval, paired z)", 0),
-                          ("  of which: fidelity criterion (KL, top-1)", 1)):
-        rate = Rate(sum(not v[picked].passed for v in verdicts), len(verdicts))
+    open_ = sum(a.undecided for a, _, _ in verdicts)
+    for label, picked, detail in (
+            ("  of which: accuracy criterion (lm-eval, paired z)", 0,
+             f"rejected at either look; {open_} more undecided at the first look, not scored further because "
+             f"fidelity had failed (as a rung does)" if open_ else "rejected at either look"),
+            ("  of which: fidelity criterion (KL, top-1)", 1, "")):
+        rate = Rate(sum(not v[picked].passed and not v[picked].undecided for v in verdicts), len(verdicts))
         lo, hi = rate.interval()
-        table.add_row(label, str(rate.n), f"{rate.share:.0%}", f"[{lo:.0%}, {hi:.0%}]", "", "", "")
+        table.add_row(label, str(rate.n), f"{rate.share:.0%}", f"[{lo:.0%}, {hi:.0%}]", "", "", detail)
 
 
 def _harmless_row(table: Table, harmless, sigma: float) -> None:
@@ -273,6 +277,9 @@ def main() -> None:
     parser.add_argument("--profile", default="demo",
                         help="the conf/profile whose gate settings judge (default demo, make sweep's; none: "
                              "conf/gate's own, 20 rounds of 1 s)")
+    parser.add_argument("--sigma", type=float,
+                        help="the accuracy scenarios' noise scale, from an earlier run's calibration (skips it)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/, as for a sweep (e.g. threads=1)")
     parser.add_argument("--part", choices=("all", "performance", "accuracy", "drop", "harmless"), default="all",
                         help="only the performance trials, only the accuracy seeds (drop and harmless), or only "
                              "one of the two accuracy scenarios: two processes can score them side by side")
@@ -285,7 +292,7 @@ def main() -> None:
     console = Console(width=170)
     started = time.perf_counter()
     profile = ["~profile"] if args.profile == "none" else [f"profile={args.profile}"]
-    cfg, base, workload, include_path, windows = setup(console, profile)
+    cfg, base, workload, include_path, windows = setup(console, [*profile, *args.overrides])
     if args.quick:
         cfg.gate.interleaved = OmegaConf.merge(cfg.gate.interleaved, {"rounds": 6, "seconds": 0.2})
     for key in ("rounds", "seconds"):
@@ -311,7 +318,8 @@ def main() -> None:
                       f"({cfg.accuracy.limit or 'all'} documents, the first {cfg.accuracy.get('first_look')} at "
                       f"the first look) and {len(windows)} fidelity windows, {n} noise seeds: "
                       f"{' and '.join(scenarios)}")
-        sigma, verdicts, harmless = accuracy(cfg, gate, base, include_path, windows, n, sigmas, console, scenarios)
+        sigma, verdicts, harmless = accuracy(cfg, gate, base, include_path, windows, n, sigmas, console, scenarios,
+                                             args.sigma)
 
     console.print(summary(trials, verdicts, harmless, sigma, cfg.gate))
     console.print(f"elapsed {time.perf_counter() - started:.0f} s")
