@@ -41,10 +41,11 @@ class DecoderNoise:
 
 
 def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: int, sigmas, console,
-             scenarios=("drop", "harmless"), sigma: float | None = None):
+             scenarios=("drop", "harmless"), sigma: float | None = None, first_seed: int = 0):
     """Per noise seed, at the calibrated scale ("drop") and at HARMLESS_SCALE of it ("harmless"): (the accuracy
     criterion, the fidelity criterion, documents whose score changed) against the clean model. `sigma` given
-    skips the calibration (it is deterministic: fixed seeds, the first look's documents)."""
+    skips the calibration (it is deterministic: fixed seeds, the first look's documents). Seeds first_seed ...
+    first_seed + n - 1: runs over other seed ranges add up, so that two processes can share the seeds."""
     engine = build_engine(base, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
     noise = DecoderNoise(engine.model)
     fid = cfg.gate.fidelity
@@ -78,7 +79,7 @@ def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: i
         for label, scale in (("drop", sigma), ("harmless", sigma * HARMLESS_SCALE)):
             if label not in scenarios:
                 continue
-            for seed in range(n):
+            for seed in range(first_seed, first_seed + n):
                 noise.apply(scale, seed)
                 fidelity = judge(reference.compare(engine), fid.max_kl, fid.min_top1, cfg.gate.confidence)
                 scored, acc = gated(champion, fidelity)

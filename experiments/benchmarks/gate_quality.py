@@ -277,6 +277,8 @@ def main() -> None:
     parser.add_argument("--profile", default="demo",
                         help="the conf/profile whose gate settings judge (default demo, make sweep's; none: "
                              "conf/gate's own, 20 rounds of 1 s)")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="the accuracy scenarios' first noise seed (runs over other seeds add up)")
     parser.add_argument("--sigma", type=float,
                         help="the accuracy scenarios' noise scale, from an earlier run's calibration (skips it)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/, as for a sweep (e.g. threads=1)")
@@ -319,7 +321,7 @@ def main() -> None:
                       f"the first look) and {len(windows)} fidelity windows, {n} noise seeds: "
                       f"{' and '.join(scenarios)}")
         sigma, verdicts, harmless = accuracy(cfg, gate, base, include_path, windows, n, sigmas, console, scenarios,
-                                             args.sigma)
+                                             args.sigma, args.first_seed)
 
     console.print(summary(trials, verdicts, harmless, sigma, cfg.gate))
     console.print(f"elapsed {time.perf_counter() - started:.0f} s")
