@@ -168,6 +168,14 @@ class AccuracyReport:
         by_id = dict(zip(self.ids, self.per_doc))
         return np.array([by_id[i] for i in ids])
 
+    def only(self, ids) -> "AccuracyReport":
+        """This report over `ids` alone (each one scored here): the value is their per-document mean."""
+        ids = tuple(sorted(ids))
+        per_doc = self.at(ids)
+        stderr = float(per_doc.std(ddof=1) / np.sqrt(len(per_doc))) if len(per_doc) > 1 else 0.0
+        return replace(self, value=float(per_doc.mean()), stderr=stderr, per_doc=tuple(per_doc.tolist()),
+                       doc_ids=ids)
+
     def extended(self, more: "AccuracyReport") -> "AccuracyReport":
         """This report and `more` (other documents of the same task) as one. The value is the per-document mean
         (as lm-eval aggregates a multiple-choice task's metrics), and so is each of lm-eval's other figures,
@@ -237,12 +245,22 @@ def task_manager(tasks: list[str], include_path: Path | None):
     return TaskManager(include_path=str(include_path) if include_path else None)
 
 
+def first_look_ids(tasks: list[str], manager, limit: int | None, first_look: int, seed: int) -> dict[str, list[int]]:
+    """Per task, `first_look` document ids drawn with `seed` from its first `limit` (all of them if no more)."""
+    rng, out = np.random.default_rng(seed), {}
+    for task, obj in manager.load(list(tasks))["tasks"].items():
+        n = len(obj.eval_docs) if limit is None else min(len(obj.eval_docs), int(limit))
+        out[task] = sorted(int(i) for i in rng.choice(n, first_look, replace=False)) if first_look < n else list(range(n))
+    return out
+
+
 def evaluate(lm, tasks: list[str], metric: str, include_path: Path | None, limit: int | None,
              seed: int, progress=None, first_look: int | None = None,
              doc_ids: list[int] | None = None) -> list[AccuracyReport]:
-    """Each task's first `limit` documents (None: all). With `first_look` below that, only the first
-    `first_look` are scored now, the rest when the gate asks (doc_ids: those documents only; the reports say
-    how many the last look scores). progress(done, total, what, unit) (console.Stage.progress): requests
+    """Each task's first `limit` documents (None: all). With `first_look` below that, a sample of `first_look`
+    of them drawn with `seed` is scored now, the rest when the gate asks (doc_ids: those documents only; the
+    reports say how many the last look scores). Drawn, not the first ones: a task's documents are often in
+    order of subject or source, and an early decision on the first of them would speak for those alone. progress(done, total, what, unit) (console.Stage.progress): requests
     answered of those asked, counted where the LM hands each answer to its cache hook (HFLM and the adapters
     here do, one per request)."""
     import lm_eval
@@ -252,8 +270,12 @@ def evaluate(lm, tasks: list[str], metric: str, include_path: Path | None, limit
         method = functools.partial(getattr(lm, request_type), disable_tqdm=True)
         setattr(lm, request_type, _counted(lm, method, request_type, progress) if progress else method)
     manager = task_manager(list(tasks), include_path)
-    now = limit if first_look is None or (limit is not None and limit <= first_look) else first_look
-    chosen = {"limit": None, "samples": {t: list(doc_ids) for t in tasks}} if doc_ids is not None else {"limit": now}
+    if doc_ids is not None:
+        chosen = {"limit": None, "samples": {t: list(doc_ids) for t in tasks}}
+    elif first_look is None or (limit is not None and limit <= first_look):
+        chosen = {"limit": limit}
+    else:
+        chosen = {"limit": None, "samples": first_look_ids(tasks, manager, limit, first_look, seed)}
     res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, **chosen,
                                   log_samples=True, random_seed=seed, numpy_random_seed=seed,
                                   torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=0)  # stderr from per-doc values below (paired later)

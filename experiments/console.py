@@ -77,7 +77,7 @@ class SweepConsole:
                            f"— {outcome.verdict.reason}")
 
     def summary(self, result, top: int, tracking_uri: str) -> None:
-        from experiments.outcome import cell, table_columns
+        from experiments.outcome import before_summary, cell, table_columns
 
         table = Table(title="ROI ladder", show_lines=True)
         columns = table_columns(result.outcomes, top)
@@ -85,7 +85,7 @@ class SweepConsole:
             table.add_column(col, overflow="fold")
         for o in result.outcomes:
             s = o.summary(top)
-            before = o.champion_before.summary(top) if o.champion_before else {}
+            before = before_summary(o, top)
             table.add_row(o.name, f"[{VERDICT_STYLE.get(o.verdict.status, '')}]{o.verdict.status}",
                           *(cell(s, before, key, fmt) for key, _, fmt in columns), o.verdict.reason)
         self.console.print(table)

@@ -186,18 +186,19 @@ class Gate:
         confidence = float(self.cfg.confidence)
         z_single = float(stats.norm.ppf(confidence))
         planned, first = challenger.documents or len(diff), challenger.first_look
-        look, z_needed = "", z_single
+        look, z_needed, which_look = "", z_single, 0
         if 0 < first < planned:
             z_first, z_last = sequential.bounds(first / planned, confidence)
             at_first = len(diff) < planned
-            z_needed = z_first if at_first else z_last
+            z_needed, which_look = (z_first, 1) if at_first else (z_last, 2)
             look = f"{'first' if at_first else 'last'} look of two ({len(diff)} of {planned} documents), "
         upper = drop + z_needed * se
         tol, which = accuracy_tolerance(self.cfg.accuracy, champion.value)
         passed = upper <= tol
         z = (tol - drop) / se if se > 0 else (math.inf if drop <= tol else -math.inf)
         numbers = {"drop": drop, "drop_se": se, "drop_upper": upper, "tolerance": tol, "z": z,
-                   "z_needed": z_needed, "documents": float(len(diff))}
+                   "z_needed": z_needed, "documents": float(len(diff)),
+                   "look": float(which_look), "documents_planned": float(planned)}   # look 0: one look only
         # both values over the documents compared: a champion may have scored more of them than the challenger
         detail = (f"{champion.task} {champion.metric} {np.mean(challenger.per_doc):.3f} vs {paired.mean():.3f}: {look}"
                   f"drop {drop:+.3f} (se {se:.3f}, upper {upper:+.3f}) {'<=' if passed else '>'} {tol:.3f} "

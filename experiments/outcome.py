@@ -59,11 +59,24 @@ def markdown_table(outcomes: list[RungOutcome], top: int) -> str:
             "|---|---|---|" + "---|" * len(columns) + "---|"]
     for o in outcomes:
         s = o.summary(top)
-        before = o.champion_before.summary(top) if o.champion_before else {}
+        before = before_summary(o, top)
         cells = " | ".join(cell(s, before, k, f) for k, _, f in columns)
         against = o.champion_before.name if o.champion_before else "–"
         rows.append(f"| {o.name} | {o.verdict.status} | {against} | {cells} | {o.verdict.reason} |")
     return "\n".join(rows) + "\n"
+
+
+def before_summary(o: RungOutcome, top: int) -> dict[str, float]:
+    """The numbers of the champion the rung was gated against, its accuracy over the documents the rung scored
+    (the gate's pairs: a rung decided at the first look scored fewer than a champion completed since)."""
+    if o.champion_before is None:
+        return {}
+    before = o.champion_before.summary(top)
+    if "accuracy" in before and o.accuracy:
+        mine, theirs = o.accuracy[0], o.champion_before.accuracy[0]
+        if not theirs.missing(mine.ids):
+            before["accuracy"] = float(theirs.at(mine.ids).mean())
+    return before
 
 
 def cell(now: dict, before: dict, key: str, fmt: str) -> str:

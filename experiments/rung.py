@@ -266,21 +266,29 @@ def _soak(cand, bench, criteria, sweep: Sweep, name: str, run_id: str, apart: co
 def _accuracy(champion: RungOutcome, outcome: RungOutcome, sweep: Sweep, name: str, apart: contender.Apart,
               pursue: bool) -> list[Criterion]:
     """The accuracy criteria. Where the first look of two leaves one undecided, both sides' scores are
-    completed (each in a process of its own; the completed scores serve later rungs too) and judged at the
-    last look, unless another criterion already failed (the rung is rejected whatever the rest would say)."""
-    if any(set(c.ids) - set(k.ids) for k, c in zip(champion.accuracy, outcome.accuracy)):
-        # the challenger's are scores another rung's gate completed: the champion's must pair with them
-        champion.accuracy = _completed(champion, sweep, name, "champion", apart)
-    criteria = _accuracy_criteria(sweep.gate, champion.accuracy, outcome.accuracy)
+    completed (each in a process of its own; the completed scores serve later rungs too) and the undecided are
+    judged at the last look; a criterion the first look decided stays as it was. Nothing more is scored once
+    another criterion, or an accuracy criterion, has failed: the rung is rejected whatever the rest would say."""
+    challenger = outcome.accuracy
+    if any(set(c.ids) - set(k.ids) for k, c in zip(champion.accuracy, challenger)):
+        # the challenger's are scores another rung's gate completed: the champion's must pair with them, or,
+        # for a rung already rejected, the challenger's are judged on the champion's documents
+        if pursue:
+            champion.accuracy = _completed(champion, sweep, name, "champion", apart)
+        else:
+            challenger = [c.only(k.ids) for k, c in zip(champion.accuracy, challenger)]
+    criteria = _accuracy_criteria(sweep.gate, champion.accuracy, challenger)
     if not any(c.undecided for c in criteria):
         return criteria
-    if not pursue:
-        return [replace(c, detail=f"{c.detail}; the other documents were not scored: another criterion failed")
+    if not pursue or any(not c.passed and not c.undecided for c in criteria):
+        why = "another criterion failed" if not pursue else "another accuracy criterion failed"
+        return [replace(c, detail=f"{c.detail}; the other documents were not scored: {why}")
                 if c.undecided else c for c in criteria]
     outcome.accuracy = _completed(outcome, sweep, name, "challenger", apart)
     _log_accuracy(outcome.accuracy)
     champion.accuracy = _completed(champion, sweep, name, "champion", apart)
-    return _accuracy_criteria(sweep.gate, champion.accuracy, outcome.accuracy)
+    last = _accuracy_criteria(sweep.gate, champion.accuracy, outcome.accuracy)
+    return [new if old.undecided else old for old, new in zip(criteria, last)]
 
 
 def _completed(side: RungOutcome, sweep: Sweep, name: str, who: str, apart: contender.Apart) -> list:

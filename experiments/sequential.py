@@ -25,6 +25,8 @@ def bounds(fraction: float, confidence: float) -> tuple[float, float]:
         raise ValueError(f"the first look's share of the documents must lie in (0, 1), not {fraction}")
     alpha = 1 - confidence
     first_alpha = 2 * stats.norm.sf(stats.norm.isf(alpha / 2) / math.sqrt(fraction))
+    if first_alpha <= 0:
+        return math.inf, float(stats.norm.isf(alpha))   # a first look this small spends nothing: one look
     first = float(stats.norm.isf(first_alpha))
     rho = math.sqrt(fraction)
     joint = stats.multivariate_normal(mean=[0.0, 0.0], cov=[[1.0, rho], [rho, 1.0]], seed=0)

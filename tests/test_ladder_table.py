@@ -34,3 +34,18 @@ def test_the_waterfall_marks_the_champion_each_rung_was_gated_against():
     assert champion_line(outcomes(), "e2e_ms", "mean", 1) == [(1, 100.0), (2, 50.0), (3, 50.0)]
     fig = waterfall(outcomes(), "e2e_ms", "mean", 1)
     assert fig.axes[0].get_legend().get_texts()[0].get_text() == "the champion it was gated against"
+
+
+def test_an_accuracy_delta_pairs_the_documents_the_rung_scored():
+    # The champion was completed to 1,200 documents (0.5 over them) after the rung passed on its first 400
+    # (0.75 there, as the champion's): the row says +0 %, not +50 %.
+    from experiments.outcome import before_summary
+    from test_sequential_accuracy import first, report
+
+    champion = report([1.0] * 300 + [0.0] * 100 + [1.0] * 300 + [0.0] * 500)
+    base = RungOutcome("baseline", Verdict("accepted", "first"), bench=bench_with_e2e([100] * 10),
+                       accuracy=[champion])
+    rung = RungOutcome("int8", Verdict("accepted", "faster"), bench=bench_with_e2e([50] * 10),
+                       champion_before=base, accuracy=[first(champion, 400)])
+    assert before_summary(rung, 1)["accuracy"] == 0.75 and base.summary(1)["accuracy"] == 0.5
+    assert cell(rung.summary(1), before_summary(rung, 1), "accuracy", "%.3f") == "0.750 (+0 %)"

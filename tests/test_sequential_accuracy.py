@@ -44,6 +44,11 @@ def test_obrien_fleming_bounds_have_their_known_values():
         sequential.bounds(1.0, 0.95)
 
 
+def test_a_first_look_too_small_to_spend_anything_is_one_look():
+    # O'Brien-Fleming spends nothing on 2 of 1,200 documents: the last look keeps the single look's bound
+    assert sequential.bounds(2 / 1200, 0.95) == (math.inf, pytest.approx(Z95))
+
+
 def test_the_two_looks_err_at_the_stated_rate():
     rng = np.random.default_rng(0)
     for fraction in (1 / 3, 0.5):
@@ -166,10 +171,11 @@ def test_evaluate_in_two_looks_scores_what_one_look_at_every_document_scores(tmp
         return evaluate(lm, ["my_nextline"], "acc_mutual_info", folder, 24, 0, **kwargs)[0]
 
     look = scored(first_look=8)
-    assert len(look.per_doc) == 8 and look.documents == 24 and look.first_look == 8 and look.missing() == list(
-        range(8, 24))
+    assert len(look.per_doc) == 8 and look.documents == 24 and look.first_look == 8
+    # the first look is drawn (seeded), not the first 8: a task in order of subject would speak for one subject
+    assert look.ids != tuple(range(8)) and look.ids == scored(first_look=8).ids and set(look.ids) < set(range(24))
     rest = scored(doc_ids=look.missing())
-    assert rest.ids == tuple(range(8, 24))
+    assert rest.ids == tuple(sorted(set(range(24)) - set(look.ids)))
     whole, once = look.extended(rest), scored()
     assert once.first_look == 0 and once.complete and len(once.per_doc) == 24
     assert whole.per_doc == once.per_doc and whole.value == pytest.approx(once.value)
@@ -212,6 +218,66 @@ def test_the_rung_completes_both_sides_when_undecided_and_not_when_another_crite
         report(full["challenger"].per_doc[400:], range(400, 1200), documents=1200))]
     [crit] = rung._accuracy(champion, outcome, sweep, "static_batching", None, pursue=True)
     assert calls == ["champion"] and crit.numbers["documents"] == 1200 and "last look" in crit.detail
+
+
+def test_a_first_look_decision_stands_and_a_failed_accuracy_criterion_stops_the_scoring(monkeypatch):
+    from dataclasses import replace as changed
+
+    rng = np.random.default_rng(5)
+    base = (rng.random(1200) < 0.5).astype(float)
+    flipped = np.where(rng.random(1200) < 0.04, 1 - base, base)          # undecided at the first look
+    halved = np.where(base == 1, (rng.random(1200) < 0.5).astype(float), 0.0)   # fails there outright
+    full = {("champion", "t"): base, ("champion", "u"): base, ("challenger", "t"): flipped}
+    calls = []
+
+    def as_task(values, task, n=None):
+        whole = changed(report(values), task=task)
+        return whole if n is None else changed(first(whole, n), task=task)
+
+    def scored_more(cand, reports, sweep, name, who, apart, on_progress=None):
+        calls.append(who)
+        return [r.extended(changed(report(full[who, r.task][400:], range(400, 1200), documents=1200), task=r.task))
+                for r in reports]
+
+    monkeypatch.setattr(rung.contender, "scored_more", scored_more)
+    monkeypatch.setattr(rung.contender, "numerics_key", lambda cand: cand)
+    monkeypatch.setattr(rung, "_log_accuracy", lambda reports: None)
+
+    def sides(challenger_u):
+        full["challenger", "u"] = challenger_u
+        champion = SimpleNamespace(candidate="eager", accuracy=[as_task(base, "t", 400), as_task(base, "u", 400)])
+        outcome = SimpleNamespace(candidate="int8", accuracy=[as_task(flipped, "t", 400),
+                                                              as_task(challenger_u, "u", 400)])
+        sweep = SimpleNamespace(gate=gate(), ui=SimpleNamespace(stage=lambda what: _NullStage()),
+                                scores={"eager": (champion.accuracy, None, "baseline")})
+        return champion, outcome, sweep
+
+    # task u unchanged: it passes at the first look and keeps that verdict; task t goes on to the last look
+    champion, outcome, sweep = sides(base)
+    t, u = rung._accuracy(champion, outcome, sweep, "int8", None, pursue=True)
+    assert calls == ["challenger", "champion"]
+    assert u.passed and u.numbers["look"] == 1 and u.numbers["documents"] == 400
+    assert t.numbers["look"] == 2 and t.numbers["documents"] == 1200 and not t.undecided
+    # task u loses half its right answers: it fails at the first look, so t's other documents are not scored
+    calls.clear()
+    champion, outcome, sweep = sides(halved)
+    t, u = rung._accuracy(champion, outcome, sweep, "int8", None, pursue=True)
+    assert calls == [] and not u.passed and not u.undecided
+    assert t.undecided and "not scored: another accuracy criterion failed" in t.detail
+
+
+def test_a_rejected_rung_with_completed_scores_is_judged_on_the_champions_documents(monkeypatch):
+    rng = np.random.default_rng(4)
+    base = (rng.random(1200) < 0.5).astype(float)
+    flipped = np.where(rng.random(1200) < 0.04, 1 - base, base)
+    monkeypatch.setattr(rung.contender, "scored_more", lambda *a, **k: pytest.fail("nothing more to score"))
+    champion = SimpleNamespace(candidate="eager", accuracy=[first(report(base), 400)])
+    completed = first(report(flipped), 400).extended(report(flipped[400:], range(400, 1200), documents=1200))
+    outcome = SimpleNamespace(candidate="int8", accuracy=[completed])
+    sweep = SimpleNamespace(gate=gate(), ui=SimpleNamespace(stage=lambda what: _NullStage()), scores={})
+    [crit] = rung._accuracy(champion, outcome, sweep, "static_batching", None, pursue=False)
+    assert crit.numbers["documents"] == 400 and crit.numbers["look"] == 1
+    assert len(champion.accuracy[0].per_doc) == 400
 
 
 class _NullStage:

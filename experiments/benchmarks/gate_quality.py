@@ -317,8 +317,8 @@ def main() -> None:
     if args.part in ("all", "accuracy", "drop", "harmless"):
         scenarios = (args.part,) if args.part in ("drop", "harmless") else ("drop", "harmless")
         console.print(f"[bold]accuracy[/bold]: torch fp32 engine, lm-eval {', '.join(cfg.accuracy.tasks)} "
-                      f"({cfg.accuracy.limit or 'all'} documents, the first {cfg.accuracy.get('first_look')} at "
-                      f"the first look) and {len(windows)} fidelity windows, {n} noise seeds: "
+                      f"({cfg.accuracy.limit or 'all'} documents, "
+                      f"{cfg.accuracy.get('first_look') or 'all'} at the first look) and {len(windows)} fidelity windows, {n} noise seeds: "
                       f"{' and '.join(scenarios)}")
         sigma, verdicts, harmless = accuracy(cfg, gate, base, include_path, windows, n, sigmas, console, scenarios,
                                              args.sigma, args.first_seed)
