@@ -171,10 +171,7 @@ class AccuracyReport:
     def only(self, ids) -> "AccuracyReport":
         """This report over `ids` alone (each one scored here): the value is their per-document mean."""
         ids = tuple(sorted(ids))
-        per_doc = self.at(ids)
-        stderr = float(per_doc.std(ddof=1) / np.sqrt(len(per_doc))) if len(per_doc) > 1 else 0.0
-        return replace(self, value=float(per_doc.mean()), stderr=stderr, per_doc=tuple(per_doc.tolist()),
-                       doc_ids=ids)
+        return self._over(ids, self.at(ids))
 
     def extended(self, more: "AccuracyReport") -> "AccuracyReport":
         """This report and `more` (other documents of the same task) as one. The value is the per-document mean
@@ -188,10 +185,13 @@ class AccuracyReport:
         row = {k: (v * n + theirs[k] * m) / (n + m) for k, v in mine.items() if "stderr" not in k
                and isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(theirs.get(k), (int, float))}
         row |= {k: n + m for k in row if k.startswith("sample_len")}      # a count, not a mean
-        stderr = float(per_doc.std(ddof=1) / np.sqrt(len(per_doc))) if len(per_doc) > 1 else 0.0
         results = {**self.results, "results": {**self.results.get("results", {}), self.task: row}}
-        return replace(self, value=float(per_doc.mean()), stderr=stderr, per_doc=tuple(per_doc.tolist()),
-                       doc_ids=ids, results=results, first_look=self.first_look or n)
+        return self._over(ids, per_doc, results=results, first_look=self.first_look or n)
+
+    def _over(self, ids: tuple, per_doc: np.ndarray, **more) -> "AccuracyReport":
+        """This report with `per_doc` (over `ids`) as its documents: value and stderr their mean's."""
+        return replace(self, value=float(per_doc.mean()), stderr=mean_stderr(per_doc),
+                       per_doc=tuple(per_doc.tolist()), doc_ids=ids, **more)
 
     def to_metrics(self) -> dict[str, float]:
         """Every numeric figure lm-eval reported for the task (`acc,none` -> `acc`), plus the gated one."""
@@ -245,6 +245,11 @@ def task_manager(tasks: list[str], include_path: Path | None):
     return TaskManager(include_path=str(include_path) if include_path else None)
 
 
+def mean_stderr(per_doc: np.ndarray) -> float:
+    """The standard error of a per-document mean (0 for a single document)."""
+    return float(per_doc.std(ddof=1) / np.sqrt(len(per_doc))) if len(per_doc) > 1 else 0.0
+
+
 def first_look_ids(tasks: list[str], manager, limit: int | None, first_look: int, seed: int) -> dict[str, list[int]]:
     """Per task, `first_look` document ids drawn with `seed` from its first `limit` (all of them if no more)."""
     rng, out = np.random.default_rng(seed), {}
@@ -288,7 +293,7 @@ def evaluate(lm, tasks: list[str], metric: str, include_path: Path | None, limit
         documents = total if limit is None else min(total, int(limit))
         reports.append(AccuracyReport(
             task=task, metric=metric, value=float(row[f"{metric},none"]),
-            stderr=float(per_doc.std(ddof=1) / np.sqrt(len(per_doc))) if len(per_doc) > 1 else 0.0,
+            stderr=mean_stderr(per_doc),
             per_doc=tuple(per_doc.tolist()), doc_ids=tuple(int(s["doc_id"]) for s in samples),
             documents=documents, first_look=len(per_doc) if len(per_doc) < documents else 0,
             # as JSON sees it: task configs hold callables and locks, and a report travels between processes

@@ -67,6 +67,7 @@ class DisturbingEngine(Wrapped):
 
     name = "disturbing"
     IDLE_S = 0.05     # longer than the gap between one request and the next of a run: its own run is not slowed
+    BURST_S = 0.01    # burnt between checks that it is still idle
 
     def __init__(self, inner: Engine, burners: int):
         super().__init__(inner)
@@ -86,8 +87,8 @@ class DisturbingEngine(Wrapped):
                 self._last = time.perf_counter()
                 self._changed.notify_all()
 
-    def _idle_for(self) -> float:
-        """Wait, without waking, until it has served nothing for IDLE_S; then the seconds to burn for."""
+    def _wait_until_idle(self) -> None:
+        """Return, without waking before, once it has served nothing for IDLE_S."""
         with self._changed:
             while True:
                 if self._in_flight:
@@ -95,13 +96,14 @@ class DisturbingEngine(Wrapped):
                     continue
                 left = self.IDLE_S - (time.perf_counter() - self._last)
                 if left <= 0:
-                    return 0.01
+                    return
                 self._changed.wait(left)
 
     def _burn(self):
         a = np.random.default_rng(0).standard_normal((192, 192))
         while True:
-            until = time.perf_counter() + self._idle_for()
+            self._wait_until_idle()
+            until = time.perf_counter() + self.BURST_S
             while time.perf_counter() < until and not self._in_flight:
                 a = np.tanh(a @ a)   # ~1 ms of a core per product; tanh keeps the values finite
 
