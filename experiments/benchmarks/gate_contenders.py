@@ -58,54 +58,57 @@ class SlowedEngine(Wrapped):
 
 class DisturbingEngine(Wrapped):
     """The engine it wraps, plus threads it starts once built and never stops: they burn the machine's cores
-    (numpy matrix products, which release the GIL) once it has served nothing for IDLE_S, and sleep on a
-    condition while it serves. Beside a rival that runs while it idles (one process, or its process not stopped)
-    the rival is slowed and it looks faster; measured apart, stopped while the other side runs, it is the engine
-    it wraps, as near as this machine allows: burners that polled every 2 ms while it served made it read 1-9 %
-    faster than that engine under conf/gate's 20 x 1 s rounds, and threads that do nothing but wake every 2 ms
-    read 0.89-1.02 (median 0.94, 10 trials): waking threads speed this VM up, for reasons not found."""
+    (numpy elementwise loops, which release the GIL) once it has served nothing for IDLE_S. Beside a rival that
+    runs while it idles (one process, or its process not stopped) the rival is slowed and it looks faster;
+    measured apart, stopped while the other side runs, it should read as the engine it wraps.
+
+    Threads that wake often make this VM serve faster: threads that do nothing but wake every 2 ms read 0.89-1.02
+    against the plain engine (median 0.94, 10 trials of conf/gate's 20 x 1 s rounds), and burners woken at each
+    request's end (the engine serves one request at a time) read 0.93-0.98 while they never burnt in the rounds.
+    So the burners check every CHECK_S, whatever it serves, and once it has been stopped (a check far too late)
+    they wait until it has served again, so that they do not burn just before its own run."""
 
     name = "disturbing"
     IDLE_S = 0.05     # longer than the gap between one request and the next of a run: its own run is not slowed
-    BURST_S = 0.01    # burnt between checks that it is still idle
+    CHECK_S = 0.05    # between checks that it has been idle for IDLE_S
+    STOPPED_S = 0.2   # a loop this much later than it should be: the process was stopped (SIGSTOP)
 
     def __init__(self, inner: Engine, burners: int):
         super().__init__(inner)
-        self._in_flight, self._last = 0, time.perf_counter()
-        self._changed = threading.Condition()
+        self._in_flight, self._last, self._resumed = 0, time.perf_counter(), False
+        self._lock = threading.Lock()
         for _ in range(burners):
             threading.Thread(target=self._burn, daemon=True, name="disturbing-burner").start()
 
     def generate(self, prompt_ids, max_new_tokens):
-        with self._changed:
+        with self._lock:
             self._in_flight += 1
+            self._resumed = False
         try:
             yield from self.inner.generate(prompt_ids, max_new_tokens)
         finally:
-            with self._changed:
+            with self._lock:
                 self._in_flight -= 1
                 self._last = time.perf_counter()
-                self._changed.notify_all()
 
-    def _wait_until_idle(self) -> None:
-        """Return, without waking before, once it has served nothing for IDLE_S."""
-        with self._changed:
-            while True:
-                if self._in_flight:
-                    self._changed.wait()
-                    continue
-                left = self.IDLE_S - (time.perf_counter() - self._last)
-                if left <= 0:
-                    return
-                self._changed.wait(left)
+    def _idle(self) -> bool:
+        return not self._in_flight and not self._resumed and time.perf_counter() - self._last >= self.IDLE_S
 
     def _burn(self):
-        a = np.random.default_rng(0).standard_normal((192, 192))
+        a = np.random.default_rng(0).standard_normal(200_000)
+        seen = time.perf_counter()
         while True:
-            self._wait_until_idle()
-            until = time.perf_counter() + self.BURST_S
-            while time.perf_counter() < until and not self._in_flight:
-                a = np.tanh(a @ a)   # ~1 ms of a core per product; tanh keeps the values finite
+            if self._idle():
+                np.tanh(a, out=a)    # ~0.4 ms of a core, the GIL released; elementwise: no BLAS worker
+                a *= 3.0             # threads, which spin on after their work, stopped or not
+                pause = 0.0
+            else:
+                time.sleep(self.CHECK_S)
+                pause = self.CHECK_S
+            now = time.perf_counter()
+            if now - seen - pause > self.STOPPED_S:
+                self._resumed = True
+            seen = now
 
 
 def slowed_build(cand, threads: int, artefacts: Path, extra: float) -> SlowedEngine:
