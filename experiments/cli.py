@@ -22,7 +22,10 @@ USAGE = """usage: roi-ladder COMMAND [hydra overrides]
 
 
 def main() -> None:
+    from experiments.interrupts import exit_on_sigterm
     from experiments.secrets import guard_console
+
+    exit_on_sigterm()
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -26,3 +26,15 @@ class GracefulStop:
             raise KeyboardInterrupt
         self.requested = True
         os.write(2, NOTE)   # not through the console: this may interrupt one of its writes
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (kill, timeout, a CI runner's cancel) unwinds the main thread as SystemExit(143), so that what
+    this process started is ended on the way out (experiments/isolation.py's children, stopped residents
+    included). Its default action ends this process alone and leaves them behind."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit)
+
+
+def _exit(signum, frame) -> None:
+    raise SystemExit(128 + signum)

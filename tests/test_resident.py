@@ -1,4 +1,5 @@
 """isolation.Resident: a contender built once in a process of its own, stopped while its rival runs (issue 16)."""
+import contextlib
 import functools
 import time
 
@@ -61,3 +62,53 @@ def test_a_resident_is_gone_once_closed(tmp_path):
     child.close()
     import psutil
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+SIGTERMED = """
+import sys, time
+from pathlib import Path
+from experiments import isolation
+from experiments.interrupts import exit_on_sigterm
+from tests.test_resident import LIMITS, _nothing
+
+if sys.argv[1] == "handled":
+    exit_on_sigterm()
+with isolation.Resident(_nothing, LIMITS, Path(sys.argv[2])) as child:
+    print(child.child.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("handled", [True, False])
+def test_a_sigterm_ends_the_stopped_residents(tmp_path, handled):
+    """SIGTERM (a timeout, a CI cancel) to a process holding a stopped resident: with exit_on_sigterm, as
+    roi-ladder and make bench-gate install it, the resident is ended on the way out. Without it the resident
+    stays stopped for ever (its parent, the fork server, lives on): the case this guards against."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import psutil
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERMED, "handled" if handled else "default",
+                             str(tmp_path / "resident.log")], cwd=root, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(root)}, start_new_session=True)
+    resident = None
+    try:
+        resident = psutil.Process(int(proc.stdout.readline()))
+        time.sleep(0.5)
+        assert resident.status() == psutil.STATUS_STOPPED
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == (143 if handled else -signal.SIGTERM)
+        gone = psutil.wait_procs([resident], timeout=10)[0]
+        if handled:
+            assert gone, "the resident outlived the SIGTERMed process"
+        else:
+            assert not gone and resident.status() == psutil.STATUS_STOPPED
+    finally:
+        for group in {proc.pid, resident and os.getpgid(resident.pid) if resident and resident.is_running() else None} - {None}:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
