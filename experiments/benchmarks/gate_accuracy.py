@@ -41,11 +41,14 @@ class DecoderNoise:
 
 
 def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: int, sigmas, console,
-             scenarios=("drop", "harmless"), sigma: float | None = None, first_seed: int = 0):
+             scenarios=("drop", "harmless"), sigma: float | None = None, first_seed: int = 0,
+             accuracy_alone: bool = False):
     """Per noise seed, at the calibrated scale ("drop") and at HARMLESS_SCALE of it ("harmless"): (the accuracy
     criterion, the fidelity criterion, documents whose score changed) against the clean model. `sigma` given
     skips the calibration (it is deterministic: fixed seeds, the first look's documents). Seeds first_seed ...
-    first_seed + n - 1: runs over other seed ranges add up, so that two processes can share the seeds."""
+    first_seed + n - 1: runs over other seed ranges add up, so that two processes can share the seeds.
+    accuracy_alone: the accuracy criterion goes to its last look wherever the first is undecided, whatever
+    fidelity says, as for a rung judged on accuracy alone (distillation): its own power."""
     engine = build_engine(base, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
     noise = DecoderNoise(engine.model)
     fid = cfg.gate.fidelity
@@ -60,7 +63,7 @@ def accuracy(cfg, gate: Gate, base: Candidate, include_path: Path, windows, n: i
         no other criterion (here fidelity) has failed."""
         scored = measure(first_look=cfg.accuracy.get("first_look"))
         acc = gate.accuracy(champion, scored)
-        if acc.undecided and fidelity.passed:
+        if acc.undecided and (fidelity.passed or accuracy_alone):
             scored = scored.extended(measure(doc_ids=scored.missing()))
             acc = gate.accuracy(champion, scored)
         return scored, acc

@@ -45,6 +45,7 @@ from experiments.benchmarks.gate_contenders import disturbing_build, slowed_buil
 from experiments.console import quiet_libraries
 from experiments.fidelity import fixed_sequences
 from experiments.gate import Criterion, Gate, check_config
+from experiments.interrupts import exit_on_sigterm
 from experiments.serving import build_engine
 from experiments.targets import resolve
 from experiments.recipe import Candidate
@@ -226,10 +227,13 @@ def _drop_rows(table: Table, verdicts, sigma: float) -> None:
                               f"sigma {sigma:.3f}: drop mean {drops.mean():+.4f}, range [{drops.min():+.4f}, "
                               f"{drops.max():+.4f}]; either criterion below fails it"))
     open_ = sum(a.undecided for a, _, _ in verdicts)
+    by_look = [sum(not a.passed and not a.undecided and a.numbers.get("look") == look for a, _, _ in verdicts)
+               for look in (1.0, 2.0)]
+    looks = f"rejected at either look ({by_look[0]} at the first, {by_look[1]} at the last)"
     for label, picked, detail in (
             ("  of which: accuracy criterion (lm-eval, paired z)", 0,
-             f"rejected at either look; {open_} more undecided at the first look, not scored further because "
-             f"fidelity had failed (as a rung does)" if open_ else "rejected at either look"),
+             f"{looks}; {open_} more undecided at the first look, not scored further because fidelity had failed "
+             f"(as a rung does)" if open_ else looks),
             ("  of which: fidelity criterion (KL, top-1)", 1, "")):
         rate = Rate(sum(not v[picked].passed and not v[picked].undecided for v in verdicts), len(verdicts))
         lo, hi = rate.interval()
@@ -268,6 +272,7 @@ def _ratio(c) -> str:
 
 
 def main() -> None:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, help="trials (A/A and slowed pairs) and noise seeds (default 20, quick 5)")
     parser.add_argument("--quick", action="store_true",
@@ -281,6 +286,9 @@ def main() -> None:
                         help="the accuracy scenarios' first noise seed (runs over other seeds add up)")
     parser.add_argument("--sigma", type=float,
                         help="the accuracy scenarios' noise scale, from an earlier run's calibration (skips it)")
+    parser.add_argument("--accuracy-alone", action="store_true",
+                        help="score the accuracy criterion's last look wherever its first is undecided, even where "
+                             "fidelity failed (as for distillation, judged on accuracy alone): its own power")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/, as for a sweep (e.g. threads=1)")
     parser.add_argument("--part", choices=("all", "performance", "accuracy", "drop", "harmless"), default="all",
                         help="only the performance trials, only the accuracy seeds (drop and harmless), or only "
@@ -321,7 +329,7 @@ def main() -> None:
                       f"{cfg.accuracy.get('first_look') or 'all'} at the first look) and {len(windows)} fidelity windows, {n} noise seeds: "
                       f"{' and '.join(scenarios)}")
         sigma, verdicts, harmless = accuracy(cfg, gate, base, include_path, windows, n, sigmas, console, scenarios,
-                                             args.sigma, args.first_seed)
+                                             args.sigma, args.first_seed, args.accuracy_alone)
 
     console.print(summary(trials, verdicts, harmless, sigma, cfg.gate))
     console.print(f"elapsed {time.perf_counter() - started:.0f} s")
