@@ -63,6 +63,7 @@ def guarded(work) -> int:
     from hydra.errors import HydraException
 
     from experiments.errors import ConfigError
+    from experiments.interrupts import Terminated
     from experiments.overrides import explain
 
     try:
@@ -77,8 +78,8 @@ def guarded(work) -> int:
         # Hydra making its output folder (hydra.run.dir, under data_dir) before any job runs
         return refuse(ConfigError(f"could not create or write {exc.filename} ({exc.strerror or exc})",
                                   "set data_dir=... or ROI_LADDER_HOME to a writable folder"))
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:
+        return 143 if isinstance(exc, Terminated) else 130
     except Exception as exc:  # noqa: BLE001 - the boundary: reported in one line, traceback kept
         return crashed(exc)
 

@@ -1,4 +1,5 @@
-"""Ctrl-C during a sweep: the first finishes the current step and records it, the second stops at once."""
+"""Ctrl-C during a sweep: the first finishes the current step and records it, the second stops at once;
+SIGTERM as the second."""
 from __future__ import annotations
 
 import os
@@ -28,13 +29,17 @@ class GracefulStop:
         os.write(2, NOTE)   # not through the console: this may interrupt one of its writes
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (kill, timeout, a CI runner's cancel), handled wherever a second Ctrl-C is: the runs it interrupts
+    are marked KILLED, what this process started (experiments/isolation.py's children, stopped residents
+    included) is ended on the way out, and the command exits 143. SIGTERM's default action ends this process
+    alone and leaves them behind."""
+
+
 def exit_on_sigterm() -> None:
-    """SIGTERM (kill, timeout, a CI runner's cancel) unwinds the main thread as SystemExit(143), so that what
-    this process started is ended on the way out (experiments/isolation.py's children, stopped residents
-    included). Its default action ends this process alone and leaves them behind."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _exit)
+        signal.signal(signal.SIGTERM, _terminate)
 
 
-def _exit(signum, frame) -> None:
-    raise SystemExit(128 + signum)
+def _terminate(signum, frame) -> None:
+    raise Terminated

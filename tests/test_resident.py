@@ -68,14 +68,17 @@ SIGTERMED = """
 import sys, time
 from pathlib import Path
 from experiments import isolation
-from experiments.interrupts import exit_on_sigterm
+from experiments.interrupts import Terminated, exit_on_sigterm
 from tests.test_resident import LIMITS, _nothing
 
 if sys.argv[1] == "handled":
     exit_on_sigterm()
-with isolation.Resident(_nothing, LIMITS, Path(sys.argv[2])) as child:
-    print(child.child.pid, flush=True)
-    time.sleep(120)
+try:
+    with isolation.Resident(_nothing, LIMITS, Path(sys.argv[2])) as child:
+        print(child.child.pid, flush=True)
+        time.sleep(120)
+except Terminated:
+    sys.exit(143)
 """
 
 
@@ -112,3 +115,15 @@ def test_a_sigterm_ends_the_stopped_residents(tmp_path, handled):
         for group in {proc.pid, resident and os.getpgid(resident.pid) if resident and resident.is_running() else None} - {None}:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(group, signal.SIGKILL)
+
+
+def test_a_sigterm_exits_143_where_ctrl_c_exits_130():
+    from experiments import cli
+    from experiments.interrupts import Terminated
+
+    def raises(exc):
+        def work():
+            raise exc
+        return work
+    assert cli.guarded(raises(Terminated())) == 143
+    assert cli.guarded(raises(KeyboardInterrupt())) == 130

@@ -45,7 +45,7 @@ from experiments.benchmarks.gate_contenders import disturbing_build, slowed_buil
 from experiments.console import quiet_libraries
 from experiments.fidelity import fixed_sequences
 from experiments.gate import Criterion, Gate, check_config
-from experiments.interrupts import exit_on_sigterm
+from experiments.interrupts import Terminated, exit_on_sigterm
 from experiments.serving import build_engine
 from experiments.targets import resolve
 from experiments.recipe import Candidate
@@ -336,4 +336,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Terminated:
+        raise SystemExit(143) from None
