@@ -13,6 +13,7 @@ import numpy as np
 from lm_eval.api.model import TemplateLM
 
 from experiments.errors import ConfigError
+from experiments.task_metrics import GatedMetric, gated_metrics
 
 # ONNX input types -> numpy dtypes: numpy has no bfloat16, so a bf16 export cannot be scored here (and says so)
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -227,6 +228,12 @@ def check_tasks(tasks: list[str], include_path: Path | None) -> None:
                           "accuracy.include_path to a folder holding its YAML")
 
 
+def gated(tasks: list[str], include_path: Path | None, chosen: str | None) -> list[GatedMetric]:
+    """The metric each (known) task is gated on: `chosen` (gate.accuracy.metric) or the task's first; refused
+    here when a task does not produce it per document."""
+    return gated_metrics(list(tasks), task_index(tuple(tasks), include_path).task_index, chosen)
+
+
 @functools.lru_cache(maxsize=8)
 def task_index(tasks: tuple[str, ...], include_path: Path | None):
     """task_manager's, kept for the checks: validate() and the scorer check one sweep's tasks, each index ~10 s."""
@@ -259,7 +266,7 @@ def first_look_ids(tasks: list[str], manager, limit: int | None, first_look: int
     return out
 
 
-def evaluate(lm, tasks: list[str], metric: str, include_path: Path | None, limit: int | None,
+def evaluate(lm, tasks: list[str], metric: str | None, include_path: Path | None, limit: int | None,
              seed: int, progress=None, first_look: int | None = None,
              doc_ids: list[int] | None = None) -> list[AccuracyReport]:
     """Each task's first `limit` documents (None: all). With `first_look` below that, a sample of `first_look`
@@ -267,7 +274,7 @@ def evaluate(lm, tasks: list[str], metric: str, include_path: Path | None, limit
     reports say how many the last look scores). Drawn, not the first ones: a task's documents are often in
     order of subject or source, and an early decision on the first of them would speak for those alone. progress(done, total, what, unit) (console.Stage.progress): requests
     answered of those asked, counted where the LM hands each answer to its cache hook (HFLM and the adapters
-    here do, one per request)."""
+    here do, one per request). metric: gate.accuracy.metric (None: each task's first per-document metric)."""
     import lm_eval
 
     for request_type in ("loglikelihood", "loglikelihood_rolling", "generate_until"):
@@ -275,6 +282,7 @@ def evaluate(lm, tasks: list[str], metric: str, include_path: Path | None, limit
         method = functools.partial(getattr(lm, request_type), disable_tqdm=True)
         setattr(lm, request_type, _counted(lm, method, request_type, progress) if progress else method)
     manager = task_manager(list(tasks), include_path)
+    metrics = {g.task: g.metric for g in gated_metrics(list(tasks), manager.task_index, metric)}
     if doc_ids is not None:
         chosen = {"limit": None, "samples": {t: list(doc_ids) for t in tasks}}
     elif first_look is None or (limit is not None and limit <= first_look):
@@ -286,7 +294,7 @@ def evaluate(lm, tasks: list[str], metric: str, include_path: Path | None, limit
                                   torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=0)  # stderr from per-doc values below (paired later)
     reports = []
     for task in tasks:
-        row = res["results"][task]
+        row, metric = res["results"][task], metrics[task]
         samples = sorted(res["samples"][task], key=lambda s: s["doc_id"])
         per_doc = np.array([float(s[metric]) for s in samples])
         total = int(res["n-samples"][task]["original"])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from experiments.overrides import CONF_DIR
 
@@ -16,8 +17,9 @@ USAGE = """usage: roi-ladder COMMAND [hydra overrides]
   capacity  [--run RUN]  the capacity and cost plan of a rung run (default: the latest sweep's champion)
   serve     [--rungs onnxruntime,dynamic_batching] [--host 127.0.0.1] [--port 8000]  the baseline plus those
             rungs as an OpenAI-compatible endpoint (/v1/completions, /v1/models, /health) until Ctrl-C
-  bench     --endpoint URL [--model NAME] [--prompt-format ids|text]  the target's workload over the
-            benchmark.* load ladder against an OpenAI-compatible endpoint; logged as run `endpoint-bench`
+  bench     --endpoint URL [--model NAME] [--tokenizer DIR] [--prompt-format ids|text]  the target's workload
+            over the benchmark.* load ladder against an OpenAI-compatible endpoint, prompts made by the served
+            model's tokenizer (--tokenizer, or the target's folder; nothing is built); logged as `endpoint-bench`
 """
 
 
@@ -169,6 +171,8 @@ def _http_command(command: str, argv: list[str]) -> int:
     else:
         parser.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000")
         parser.add_argument("--model", help="model to ask for (default: the first one the endpoint lists)")
+        parser.add_argument("--tokenizer", type=Path, help="folder of the served model's tokenizer, which makes the "
+                                                           "prompts (default: the target's folder, if on disk)")
         parser.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="ids",
                             help="send token ids (exact prompts; default) or their text (any tokenizer)")
     args, overrides = parser.parse_known_args(argv)
@@ -184,7 +188,7 @@ def _http_command(command: str, argv: list[str]) -> int:
                 pass
             ui.console.print("stopped.")
         else:
-            result = endpoint.bench_endpoint(cfg, args.endpoint, args.model, args.prompt_format, ui)
+            result = endpoint.bench_endpoint(cfg, args.endpoint, args.model, args.prompt_format, ui, args.tokenizer)
             ui.console.print(level_table(result.report, f"{args.endpoint} · {result.model}"))
             ui.console.print(f"Logged run endpoint-bench ({result.run_id}) to {cfg.tracking.uri}.")
     except KeyboardInterrupt:

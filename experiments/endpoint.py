@@ -16,7 +16,7 @@ from experiments.serving.servers import serve
 from experiments.workload import Workload
 from experiments.errors import ConfigError
 from experiments.validation import load_rungs
-from experiments.targets import resolve
+from experiments.targets import built_model_dir, kind_unbuilt, resolve, texts_unbuilt
 from experiments.recipe import Candidate, Env
 from optimizers.placement import placed
 
@@ -88,29 +88,53 @@ class EndpointBench:
     run_id: str
 
 
+def endpoint_tokenizer(cfg_target, cache_dir: Path, given: Path | None) -> tuple[Path, str]:
+    """(the folder whose tokenizer makes the prompts, where it came from). Nothing is built: benchmarking
+    someone's server must not train or convert a model first."""
+    if given is not None:
+        given = Path(given).expanduser()
+        if not any((given / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+            raise ConfigError(f"--tokenizer {given} holds no tokenizer (tokenizer.json or tokenizer_config.json)",
+                              "pass the folder of the model the endpoint serves (or one with its tokenizer files)")
+        return given, "--tokenizer"
+    if (built := built_model_dir(cfg_target, cache_dir)) is not None:
+        return built, f"target {cfg_target.name}'s model folder"
+    raise ConfigError(f"bench --endpoint needs the served model's tokenizer, and target {cfg_target.name}'s model is "
+                      f"not built here ({cfg_target.source}); it is not built for a benchmark of another server",
+                      "pass --tokenizer DIR (the folder of the model the endpoint serves), or "
+                      "target=folder target.source=DIR")
+
+
 def _completions_only(target) -> None:
     if not target.decodes:
         raise ConfigError(f"target {target.name!r} is an encoder ({target.kind}); the HTTP transport speaks "
                           "/v1/completions only", "benchmark an encoder in process: roi-ladder sweep target=...")
 
 
-def bench_endpoint(cfg: DictConfig, url: str, model: str | None, prompt_format: str, console) -> EndpointBench:
+def bench_endpoint(cfg: DictConfig, url: str, model: str | None, prompt_format: str, console,
+                   tokenizer_dir: Path | None = None) -> EndpointBench:
+    """The target's workload against someone's server; no model is built (the tokenizer makes the prompts)."""
     from transformers import AutoTokenizer
 
-    from experiments.serving.http_client import EndpointServer
+    from experiments.serving.http_client import EndpointServer, check_url
 
     check_settings(cfg, "benchmark.", "target.workload.")
     check_load(cfg.benchmark)
-    experiment_id = tracking.connect(cfg.tracking)
+    check_url(url)
+    if (kind := kind_unbuilt(cfg.target)) != "causal-lm":
+        raise ConfigError(f"target {cfg.target.name!r} is an encoder ({kind}); the HTTP transport speaks "
+                          "/v1/completions only", "benchmark an encoder in process: roi-ladder sweep target=...")
+    folder, which = endpoint_tokenizer(cfg.target, Path(cfg.cache_dir), tokenizer_dir)
+    tracking.probe(cfg.tracking)        # nothing recorded until the endpoint has answered
     with console.stage("target: loading the workload"):
-        target, texts, _ = resolve(cfg.target, Path(cfg.cache_dir), Path(cfg.data_dir), console.note)
-        _completions_only(target)
-        tokenizer = AutoTokenizer.from_pretrained(target.model_dir)
+        console.note(f"tokenizer: {folder} ({which})")
+        tokenizer = AutoTokenizer.from_pretrained(folder)
         wl = cfg.target.workload
-        workload = Workload.from_texts(texts, tokenizer, wl.input_tokens, wl.output_tokens, int(wl.prompts),
-                                       max(8, cfg.benchmark.warmup_requests), cfg.seed)
+        workload = Workload.from_texts(texts_unbuilt(cfg.target), tokenizer, wl.input_tokens, wl.output_tokens,
+                                       int(wl.prompts), max(8, cfg.benchmark.warmup_requests), cfg.seed)
     server = EndpointServer(url, model, prompt_format, tokenizer, timeout_s=float(cfg.benchmark.request_timeout_s))
     try:
+        experiment_id = tracking.connect(cfg.tracking)
         server.prepare(workload.warmup + workload.prompts)
         with console.stage(f"load ladder against {server.url} ({server.model})") as st:
             report = run_ladder(server, workload, cfg.benchmark, cfg.gate.confidence,
@@ -118,7 +142,7 @@ def bench_endpoint(cfg: DictConfig, url: str, model: str | None, prompt_format: 
     finally:
         server.close()
     tags = {Tag.KIND: "endpoint-bench", Tag.ENDPOINT: server.url, Tag.MODEL: server.model,
-            Tag.TARGET: target.name, Tag.PROMPT_FORMAT: prompt_format, "git_commit": tracking.git_commit(),
+            Tag.TARGET: str(cfg.target.name), Tag.TOKENIZER: f"{folder} ({which})", Tag.PROMPT_FORMAT: prompt_format, "git_commit": tracking.git_commit(),
             Tag.QUEUE_MODEL_SPLIT: "not observable behind an endpoint"}
     with tracking.run("endpoint-bench", experiment_id, tags=tags) as run:
         tracking.log_params(tracking.flatten({"benchmark": OmegaConf.to_container(cfg.benchmark, resolve=True),

@@ -206,7 +206,21 @@ class Gate:
         if not passed and look.startswith("first") and drop - z_single * se <= tol:
             return Criterion("accuracy", False, detail + ": undecided at the first look", numbers,
                              undecided=True)
+        if not passed and drop - z_single * se <= tol:      # no drop beyond the tolerance shown either
+            needed = documents_needed(diff, drop, tol, z_needed)
+            numbers["documents_needed"] = float(needed or math.nan)
+            more = f"it would need about {needed:,} documents" if needed else "its drop is not below the tolerance"
+            return Criterion("accuracy", False, f"undecided: the task is too small to show a drop within the "
+                                                f"tolerance ({more}); {detail}", numbers)
         return Criterion("accuracy", passed, detail, numbers)
+
+
+def documents_needed(diff: np.ndarray, drop: float, tol: float, z: float) -> int | None:
+    """Documents whose paired differences, as spread as these and with this mean drop, would put the drop's upper
+    bound within the tolerance: (z * sd / (tol - drop))^2; None when the drop itself is not below it."""
+    sd = float(diff.std(ddof=1)) if len(diff) > 1 else 0.0
+    room = tol - max(drop, 0.0)
+    return int(math.ceil((z * sd / room) ** 2)) if room > 0 and sd > 0 else None
 
 
 def _objective(values, stat: str) -> float:
@@ -240,7 +254,7 @@ def check_config(cfg_gate) -> None:
     settings table), then what relates them or is not a number."""
     check_section(cfg_gate, "gate")
     metric = cfg_gate.accuracy.get("metric")
-    if not isinstance(metric, str) or not METRIC_NAME.fullmatch(metric):
+    if metric is not None and (not isinstance(metric, str) or not METRIC_NAME.fullmatch(metric)):
         raise ConfigError(f"gate.accuracy.metric {metric!r} is not an lm-eval metric name",
                           "give the per-document metric without a filter suffix, e.g. acc_mutual_info "
                           "(not acc_mutual_info,none)")

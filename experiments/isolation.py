@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 
 from experiments import progress
-from experiments.errors import ConfigError
+from experiments.errors import ConfigError, exception_line
 from experiments.secrets import ScrubbedStream, guard_console
 from experiments.settings import check_section
 
@@ -117,6 +117,10 @@ def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None, on_progr
                     child.join(30)
                     if status == "raised":
                         raise value
+                    if status == "failed":
+                        _end(child, watch.family)
+                        return Outcome(None, f"{value} (traceback in {log_path})", watch.peak_rss_bytes,
+                                       watch.seconds())
                     return Outcome(value, None, watch.peak_rss_bytes, watch.seconds())
                 if on_progress:        # and on to the limits: a chatty child is watched as a quiet one
                     try:
@@ -244,6 +248,9 @@ class Resident:
                     break
                 if status == "raised":
                     raise value
+                if status == "failed":
+                    _end(self.child, self.watch.family)
+                    raise ResidentFailed(f"{value} (traceback in {self.log_path})")
                 return value
             if not self.child.is_alive():
                 break
@@ -264,6 +271,9 @@ def _resident_main(conn, setup, log_path: str) -> None:
             conn.send(("ok", fn(built, *args)))
     except ConfigError as exc:
         conn.send(("raised", exc))
+    except Exception as exc:
+        traceback.print_exc(file=log_file)
+        conn.send(("failed", exception_line(exc)))
     except BaseException:
         traceback.print_exc(file=log_file)
         raise
@@ -276,10 +286,12 @@ def _child_main(sender, fn, args, log_path: str) -> None:
         progress.send_result(("ok", fn(*args)))
     except ConfigError as exc:    # bad input found by the rung: the sweep stops, as it would without a child
         progress.send_result(("raised", exc))
+    except Exception as exc:      # the reason is the exception's own words; its traceback stays in the log
+        traceback.print_exc(file=log_file)
+        progress.send_result(("failed", exception_line(exc)))
     except BaseException:
         traceback.print_exc(file=log_file)
         raise
-
 
 def _settle_child(sender, log_path: str):
     """A child's own process group, its death with the sweep, its log; returns the log file."""

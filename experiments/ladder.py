@@ -52,6 +52,8 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     if cfg.gate.objective.metric not in workload.metrics:
         raise ConfigError(f"gate.objective.metric {cfg.gate.objective.metric!r} is not measured for a {target.kind} "
                           f"target", f"use one of {workload.metrics}")
+    for g in getattr(kind, "gated", ()):
+        ui.note(f"accuracy gate: {g.describe()}")
     _, not_applicable = applicable(parse_all(cfg.benchmark.slos), workload.metrics)
     if not_applicable:
         ui.note(f"SLOs that do not apply to a {target.kind} target, left out: "
@@ -78,6 +80,8 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         tracking.set_tag(Tag.MACHINE_LOAD, f"at the start: {load.text()}")
         if not_applicable:
             tracking.set_tag(Tag.SLOS_NOT_APPLICABLE, ", ".join(s.text for s in not_applicable))
+        if gated := getattr(kind, "gated", None):
+            tracking.set_tag(Tag.ACCURACY_METRIC, "; ".join(g.describe() for g in gated))
         measured_s = []                  # how long each rung that applied took: the estimate of what remains
         for name, opt in rungs[len(outcomes):]:
             if stop.requested:

@@ -14,6 +14,7 @@ class Tag:
     MODEL_DIR = "roi.model_dir"
     ENDPOINT = "roi.endpoint"
     PROMPT_FORMAT = "roi.prompt_format"
+    TOKENIZER = "roi.tokenizer"              # the folder whose tokenizer made an endpoint bench's prompts
     QUEUE_MODEL_SPLIT = "roi.queue_model_split"
     # a rung's outcome
     VERDICT = "roi.verdict"
@@ -41,6 +42,7 @@ class Tag:
     INTERRUPTED = "roi.interrupted"
     RESUMED = "roi.resumed"
     SLOS_NOT_APPLICABLE = "roi.slos.not_applicable"
+    ACCURACY_METRIC = "roi.accuracy_metric"  # the metric each lm-eval task is gated on, and who chose it
     DIAGNOSIS = "roi.diagnosis"
     DIAGNOSIS_MODEL_LAYER = "roi.diagnosis.model_layer"
     DIAGNOSIS_RESOURCE_LAYER = "roi.diagnosis.resource_layer"

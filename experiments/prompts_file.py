@@ -27,7 +27,7 @@ class Request:
 
 
 def check_file(path: Path) -> None:
-    """Before anything is built: the file is there and not empty (its lines need the model's tokenizer)."""
+    """Before anything is built: the file is there and not empty (its lines are a causal LM's: check_lines)."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise ConfigError(f"target.workload.prompts file {path} does not exist", f"pass a JSONL file: {FORMAT}")
@@ -35,16 +35,20 @@ def check_file(path: Path) -> None:
         raise ConfigError(f"target.workload.prompts file {path} is empty", f"write {FORMAT}")
 
 
+def check_lines(path: Path) -> None:
+    """Before anything is built: every line is a well-formed request (their token counts and a chat template
+    need the model's tokenizer, checked by read())."""
+    check_file(path)
+    for _ in _lines(path):
+        pass
+
+
 def read(path: Path, tokenizer, output_tokens: Sequence[int], context_length: int | None, seed: int) -> list[Request]:
     """Every request in the file, tokenized; an output length drawn (seeded) for lines without max_tokens."""
     path = Path(path).expanduser()
-    check_file(path)
     rng = random.Random(seed)
-    requests = []
-    with path.open(encoding="utf-8") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if raw.strip():
-                requests.append(_request(path, number, raw, tokenizer, output_tokens, rng))
+    requests = [_request(f"{path} line {number}", number, line, tokenizer, output_tokens, rng)
+                for number, line in _lines(path)]
     if not requests:
         raise ConfigError(f"target.workload.prompts file {path} is empty", f"write {FORMAT}")
     if context_length is not None:
@@ -60,8 +64,17 @@ def check_context(path: Path, requests: list[Request], context_length: int) -> N
                               "shorten that prompt or its max_tokens")
 
 
-def _request(path: Path, number: int, raw: str, tokenizer, output_tokens, rng: random.Random) -> Request:
-    where = f"{path} line {number}"
+def _lines(path: Path):
+    """(line number, request object) for each non-blank line, each checked without a tokenizer."""
+    path = Path(path).expanduser()
+    check_file(path)
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if raw.strip():
+                yield number, _parsed(f"{path} line {number}", raw)
+
+
+def _parsed(where: str, raw: str) -> dict:
     try:
         line = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -74,6 +87,21 @@ def _request(path: Path, number: int, raw: str, tokenizer, output_tokens, rng: r
     if ("prompt" in line) == ("messages" in line):
         raise ConfigError(f"{where} has {'both' if 'prompt' in line else 'neither'} \"prompt\" and \"messages\"",
                           f"write {FORMAT}")
+    if "prompt" in line and not isinstance(line["prompt"], str):
+        raise ConfigError(f"{where}: \"prompt\" is not a string", f"write {FORMAT}")
+    messages = line.get("messages")
+    if "messages" in line and not (isinstance(messages, list) and messages and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages)):
+        raise ConfigError(f"{where}: \"messages\" is not a list of {{\"role\": ..., \"content\": ...}} strings",
+                          f"write {FORMAT}")
+    max_tokens = line.get("max_tokens")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ConfigError(f"{where}: max_tokens {max_tokens!r} is not an integer >= 1", "give a whole number of tokens")
+    return line
+
+
+def _request(where: str, number: int, line: dict, tokenizer, output_tokens, rng: random.Random) -> Request:
     text = _prompt_text(where, line, tokenizer)
     ids = tuple(tokenizer(text, add_special_tokens="prompt" in line)["input_ids"])
     if not ids:
@@ -81,27 +109,17 @@ def _request(path: Path, number: int, raw: str, tokenizer, output_tokens, rng: r
     max_tokens = line.get("max_tokens")
     if max_tokens is None:
         max_tokens = rng.choice(list(output_tokens))
-    elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ConfigError(f"{where}: max_tokens {max_tokens!r} is not an integer >= 1", "give a whole number of tokens")
     return Request(number, text, ids, int(max_tokens))
 
 
 def _prompt_text(where: str, line: dict, tokenizer) -> str:
     if "prompt" in line:
-        if not isinstance(line["prompt"], str):
-            raise ConfigError(f"{where}: \"prompt\" is not a string", f"write {FORMAT}")
         return line["prompt"]
-    messages = line["messages"]
-    if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages):
-        raise ConfigError(f"{where}: \"messages\" is not a list of {{\"role\": ..., \"content\": ...}} strings",
-                          f"write {FORMAT}")
     if not tokenizer.chat_template:
         raise ConfigError(f"{where} holds chat messages, but the model's tokenizer has no chat template",
                           "write plain {\"prompt\": \"...\"} lines for this model, or use a model with a chat template")
     # The template writes the special tokens itself (BOS included where the model wants one).
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(line["messages"], add_generation_prompt=True, tokenize=False)
 
 
 def workload(requests: list[Request], warmup_count: int, seed: int):

@@ -7,9 +7,10 @@ from pathlib import Path
 from experiments.errors import ConfigError
 from experiments.kinds import kind_of
 from experiments.models.corpus import Corpus, corpus_texts
-from experiments.models.gguf import check_architecture, ensure_converted
+from experiments.cache import manifest_ok
+from experiments.models.gguf import check_architecture, converted_dir, ensure_converted
 from experiments.models.hf_folder import ModelFolder, inspect as inspect_folder
-from experiments.models.tiny_llm import TinyLlmRecipe, ensure_built, task_include_path
+from experiments.models.tiny_llm import TinyLlmRecipe, built_dir, ensure_built, task_include_path
 from experiments.recipe import Target
 
 BUILTINS = {"builtin:tiny-llm": "causal-lm", "builtin:minilm": "embedding", "builtin:smollm2-135m": "causal-lm"}
@@ -88,6 +89,41 @@ def model_path(source: str, build, cache_dir: Path, progress=print, on_step=None
         return smollm2.ensure_built(cache_dir, progress)
     path = Path(source).expanduser()
     return ensure_converted(path, cache_dir, progress) if path.suffix == ".gguf" else path
+
+
+def kind_unbuilt(cfg_target) -> str:
+    """The target's kind without building anything (a user's folder: from its config)."""
+    source = str(cfg_target.source)
+    if source in BUILTINS:
+        return BUILTINS[source]
+    folder = check_source(cfg_target)
+    return folder.kind if folder is not None else "causal-lm"        # a GGUF holds a causal LM
+
+
+def texts_unbuilt(cfg_target) -> list[str]:
+    """A causal LM target's held-out texts for a synthetic workload, without building its model."""
+    if str(cfg_target.source) == "builtin:tiny-llm":
+        return Corpus.from_stdlib(TinyLlmRecipe(**cfg_target.build).heldout_every).heldout
+    return corpus_texts(cfg_target.workload.get("corpus"))
+
+
+def built_model_dir(cfg_target, cache_dir: Path) -> Path | None:
+    """The target's model folder if it is on disk now (a user's folder, or a built-in or GGUF built before);
+    None where only a build would make it."""
+    source = str(cfg_target.source)
+    if source == "builtin:tiny-llm":
+        out = built_dir(TinyLlmRecipe(**cfg_target.build), cache_dir)
+    elif source == "builtin:smollm2-135m":
+        from experiments.models import smollm2
+
+        out = converted_dir(smollm2.gguf_file(), cache_dir)
+    elif source.startswith("builtin:"):
+        return None
+    elif (path := Path(source).expanduser()).suffix == ".gguf":
+        out = converted_dir(path, cache_dir)
+    else:
+        return path
+    return out if out.is_dir() and manifest_ok(out) else None
 
 
 def _folder(cfg_target, cache_dir: Path, progress) -> tuple[Target, list[str], None]:

@@ -163,3 +163,20 @@ def test_identical_answers_pass_with_no_spread():
     champion = report([1.0, 0.0] * 100)
     crit = gate(max_drop_abs=0.0).accuracy(champion, champion)
     assert crit.passed and crit.numbers["drop_se"] == 0.0 and crit.numbers["z"] == math.inf
+
+
+def test_a_task_too_small_to_decide_says_so_instead_of_a_drop():
+    # issue 34: 40 documents, one answer lost and one gained: drop 0, se 0.035, upper +0.058 > 0.02. No drop is
+    # shown, and none within the tolerance could be on 40 documents: undecided, with the documents it would need.
+    champion = report([1.0, 0.0] + [1.0] * 38)
+    crit = gate().accuracy(champion, report([0.0, 1.0] + [1.0] * 38))
+    assert not crit.passed and crit.numbers["drop"] == 0.0
+    needed = math.ceil((Z95 * math.sqrt(2 / 39) / 0.02) ** 2)                   # (z sd / tol)^2 = 347
+    assert crit.numbers["documents_needed"] == needed == 347
+    assert crit.detail.startswith(f"undecided: the task is too small to show a drop within the tolerance (it would "
+                                  f"need about {needed} documents); t acc ")
+    # a drop the documents do show beyond the tolerance stays a drop
+    shown = gate().accuracy(*lose(40, n=400))                                     # 10 points, se 0.015
+    assert not shown.passed and not shown.detail.startswith("undecided") and "documents_needed" not in shown.numbers
+    # ...and a drop below it but not significantly (lose(6) above) is undecided: more documents could show it
+    assert gate().accuracy(*lose(6)).detail.startswith("undecided")

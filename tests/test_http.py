@@ -322,12 +322,28 @@ def test_bench_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, tmp_path, o
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1
 
 
-def test_bench_cli_logs_an_endpoint_run(endpoint, monkeypatch, capsys, tmp_path):
+@pytest.mark.parametrize("args, says", [
+    (["--endpoint", "ftp://127.0.0.1:9"], "endpoint URL 'ftp://127.0.0.1:9' is not an http(s) URL"),
+    (["--endpoint", "http://127.0.0.1:9"], "bench --endpoint needs the served model's tokenizer, and target "
+                                           "tiny-llm's model is not built here (builtin:tiny-llm)"),
+    (["--endpoint", "http://127.0.0.1:9", "--tokenizer", "/"], "--tokenizer / holds no tokenizer"),
+    (["--endpoint", "http://127.0.0.1:9", "--tokenizer", "MODEL"], "endpoint http://127.0.0.1:9 is unreachable"),
+])
+def test_bench_refuses_without_building_a_model(model_dir, monkeypatch, capsys, tmp_path, args, says):
+    started = time.monotonic()
+    code = cli(monkeypatch, "bench", *[str(model_dir) if a == "MODEL" else a for a in args], f"data_dir={tmp_path}")
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "cache").exists() and time.monotonic() - started < 60     # nothing trained first
+    assert not (tmp_path / "mlflow.db").exists()                                      # nor recorded
+
+
+def test_bench_cli_logs_an_endpoint_run(endpoint, model_dir, monkeypatch, capsys, tmp_path):
     import mlflow
     from mlflow.tracking import MlflowClient
 
     url, _ = endpoint
-    code = cli(monkeypatch, "bench", "--endpoint", url, f"data_dir={tmp_path}", f"cache_dir={SHARED_CACHE}",
+    code = cli(monkeypatch, "bench", "--endpoint", url, "--tokenizer", str(model_dir), f"data_dir={tmp_path}",
                "benchmark.concurrency=[1,2]", "benchmark.warmup_requests=1", "benchmark.min_requests=4",
                "benchmark.min_duration_s=0", "target.workload.prompts=8", "target.workload.output_tokens=[4]")
     out = capsys.readouterr().out
@@ -337,6 +353,8 @@ def test_bench_cli_logs_an_endpoint_run(endpoint, monkeypatch, capsys, tmp_path)
     client = MlflowClient()
     run = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id])[0]
     assert run.info.run_name == "endpoint-bench" and run.data.tags["roi.endpoint"] == url
+    assert run.data.tags["roi.tokenizer"] == f"{model_dir} (--tokenizer)" and f"tokenizer: {model_dir}" in out
+    assert not (tmp_path / "cache").exists()                  # the built-in model was not built for it
     assert [m.step for m in client.get_metric_history(run.info.run_id, "ttft_ms_p50")] == [1, 2]
     assert "client_cpu_percent" in run.data.metrics and "queue_ms_p50" not in run.data.metrics
     assert "benchmark/samples.csv" in [a.path for a in client.list_artifacts(run.info.run_id, "benchmark")]

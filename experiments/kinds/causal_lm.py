@@ -8,10 +8,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments import prompts_file
 from experiments.errors import ConfigError
 from experiments.kinds import Kind, load_tokenizer
 from experiments.models.corpus import check_corpus, corpus_texts
 from experiments.models.hf_folder import context_length
+from experiments.models.tiny_llm import SHIPPED_TASKS
 from experiments.names import LATENCY_METRICS
 from experiments.workload import Workload
 
@@ -50,18 +52,23 @@ class CausalLMKind(Kind):
         return architecture.endswith("ForCausalLM") and not (path / "modules.json").exists()
 
     def check(self, cfg, model_dir: Path | None = None) -> None:
-        """The task folder; with the user's folder already on disk, also the tasks' data (offline?) and the
-        workload against its tokenizer and context window: a bad prompts line is refused before anything is
-        recorded, not after the experiment is created."""
-        from experiments.accuracy import check_tasks
+        """The tasks and the metric each is gated on (a built-in's shipped tasks from their YAML: no build
+        needed); with the user's folder already on disk, also the tasks' data (offline?) and the workload against
+        its tokenizer and context window: a bad prompts line is refused before anything is recorded, not after
+        the experiment is created."""
+        from experiments.accuracy import check_tasks, gated
         from experiments.task_data import check_offline
 
         if cfg.target.workload.get("corpus"):
             check_corpus(cfg.target.workload.corpus)
+        if isinstance(cfg.target.workload.get("prompts"), str):
+            prompts_file.check_lines(Path(cfg.target.workload.prompts))
         tasks = list(cfg.accuracy.tasks)
         include = Path(cfg.accuracy.include_path) if cfg.accuracy.include_path else None
-        if include is not None or (model_dir is not None and tasks):   # a built-in's shipped tasks: once built
-            check_tasks(tasks, include)
+        if include is not None or tasks:
+            index_from = include or (SHIPPED_TASKS if str(cfg.target.source).startswith("builtin:") else None)
+            check_tasks(tasks, index_from)
+            gated(tasks, index_from, cfg.gate.accuracy.get("metric"))
         if model_dir is None:
             return
         if tasks or include is not None:
@@ -69,8 +76,6 @@ class CausalLMKind(Kind):
         context = context_length(json.loads((Path(model_dir) / "config.json").read_text()))
         wl = cfg.target.workload
         if isinstance(wl.get("prompts"), str):
-            from experiments import prompts_file
-
             prompts_file.read(Path(wl.prompts), load_tokenizer(model_dir), wl.output_tokens, context, cfg.seed)
         else:
             check_window(wl, context)
@@ -112,15 +117,17 @@ class Reference:
 
 class CausalLMScorer:
     def __init__(self, cfg, target, texts: list[str], include_path: Path | None):
-        from experiments.accuracy import check_tasks
+        from experiments.accuracy import check_tasks, gated
         from experiments.fidelity import fixed_sequences
         from experiments.task_data import check_offline
 
         self.cfg, self.texts, self.include_path = cfg, texts, include_path
         self.tasks = list(cfg.accuracy.tasks)
+        self.gated = []   # task_metrics.GatedMetric per task
         if self.tasks or include_path is not None:
             check_tasks(self.tasks, include_path)
             check_offline(self.tasks, include_path)
+            self.gated = gated(self.tasks, include_path, cfg.gate.accuracy.get("metric"))
         self.tokenizer = load_tokenizer(target.model_dir)
         config = json.loads((Path(target.model_dir) / "config.json").read_text())
         self.context_length = context_length(config)
@@ -131,8 +138,6 @@ class CausalLMScorer:
         self.reference = None   # Reference: the baseline's, once measured
 
     def workload(self) -> Workload:
-        from experiments import prompts_file
-
         wl, cfg = self.cfg.target.workload, self.cfg
         warmup = max(8, cfg.benchmark.warmup_requests)
         if isinstance(wl.get("prompts"), str):   # the user's own requests

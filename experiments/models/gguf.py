@@ -33,13 +33,19 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def ensure_converted(gguf_path: Path, cache_dir: Path, progress: Callable[[str], None] = print) -> Path:
-    """The cached folder converted from `gguf_path` (converting it on first use)."""
+def converted_dir(gguf_path: Path, cache_dir: Path) -> Path:
+    """Where `gguf_path` is (or would be) converted."""
     import transformers
 
     gguf_path = Path(gguf_path).expanduser().resolve()
     key = hashlib.sha256(json.dumps([sha256(gguf_path), transformers.__version__, CONVERT_FORMAT]).encode())
-    out = Path(cache_dir) / "models" / f"{gguf_path.stem}-{key.hexdigest()[:12]}"
+    return Path(cache_dir) / "models" / f"{gguf_path.stem}-{key.hexdigest()[:12]}"
+
+
+def ensure_converted(gguf_path: Path, cache_dir: Path, progress: Callable[[str], None] = print) -> Path:
+    """The cached folder converted from `gguf_path` (converting it on first use)."""
+    gguf_path = Path(gguf_path).expanduser().resolve()
+    out = converted_dir(gguf_path, cache_dir)
     if not build_once(out, lambda tmp: convert(gguf_path, tmp, progress), "converted GGUF model", progress):
         progress(f"converted {gguf_path.name} into {out}")
     return out

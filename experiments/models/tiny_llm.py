@@ -58,12 +58,18 @@ class TinyLlmRecipe:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def built_dir(recipe: TinyLlmRecipe, data_dir: Path, corpus: Corpus | None = None) -> Path:
+    """Where the model of `recipe` is (or would be) built."""
+    corpus = corpus or Corpus.from_stdlib(recipe.heldout_every)
+    return Path(data_dir) / "models" / f"tiny-llm-{recipe.key(corpus)}"
+
+
 def ensure_built(recipe: TinyLlmRecipe, data_dir: Path, progress: Callable[[str], None] = log.info,
                  on_step: Callable[[int, int], None] | None = None) -> Path:
     """Return the folder of the built model, building it only if no valid cached copy exists; on_step(done,
     total) after each training step."""
     corpus = Corpus.from_stdlib(recipe.heldout_every)
-    out = Path(data_dir) / "models" / f"tiny-llm-{recipe.key(corpus)}"
+    out = built_dir(recipe, data_dir, corpus)
     built = {}
 
     def build(tmp: Path) -> None:
@@ -81,6 +87,10 @@ def ensure_built(recipe: TinyLlmRecipe, data_dir: Path, progress: Callable[[str]
     if not build_once(out, build, "cached model", progress):
         progress(f"built tiny-llm in {built['build_seconds']} s (final train loss {built['final_train_loss']:.3f})")
     return out
+
+
+# The built-in models' lm-eval task YAMLs, copied beside their data at build time (indexable before it).
+SHIPPED_TASKS = Path(__file__).parent / "tasks"
 
 
 def task_dir(model_dir: Path) -> Path:
@@ -189,16 +199,18 @@ def _write_task(recipe: TinyLlmRecipe, corpus: Corpus, out: Path) -> None:
     tdir = task_dir(out)
     tdir.mkdir(parents=True)
     (tdir / f"{TASK_NAME}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    shutil.copy(Path(__file__).parent / "tasks" / f"{TASK_NAME}.yaml", tdir / f"{TASK_NAME}.yaml")
+    shutil.copy(SHIPPED_TASKS / f"{TASK_NAME}.yaml", tdir / f"{TASK_NAME}.yaml")
 
 
 def task_include_path(model_dir: Path, dest: Path) -> Path:
-    """Copy the model's tasks into `dest` with @DATA@ replaced by the absolute JSONL path.
+    """The model's tasks in `dest` with @DATA@ replaced by the absolute JSONL path.
 
-    lm-eval resolves `data_files` against the CWD, so a task file must name its data absolutely.
+    lm-eval resolves `data_files` against the CWD, so a task file must name its data absolutely. The YAML is the
+    shipped one (a model built before a task's metric_list changed follows the change); the data, the model's.
     """
     dest.mkdir(parents=True, exist_ok=True)
     for yaml in task_dir(model_dir).glob("*.yaml"):
         data = (yaml.parent / f"{yaml.stem}.jsonl").resolve()
-        write_atomic(dest / yaml.name, yaml.read_text().replace("@DATA@", str(data)))   # another sweep may read it
+        text = (SHIPPED_TASKS / yaml.name).read_text()
+        write_atomic(dest / yaml.name, text.replace("@DATA@", str(data)))   # another sweep may read it
     return dest

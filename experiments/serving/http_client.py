@@ -26,6 +26,11 @@ PROMPT_FORMATS = ("ids", "text")
 START_HINT = "start one with `roi-ladder serve` or check the URL"
 
 
+def check_url(url: str) -> None:
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"endpoint URL {url!r} is not an http(s) URL", "e.g. --endpoint http://127.0.0.1:8000")
+
+
 class EndpointServer:
     """submit(prompt) -> RequestRecord and close(), like SequentialServer, over HTTP."""
 
@@ -33,8 +38,7 @@ class EndpointServer:
                  timeout_s: float = 30.0, probe_timeout_s: float = 5.0):
         """Probes GET /v1/models before any load; `model` defaults to the first model the endpoint lists.
         prompt_format "text" sends the prompts decoded by `tokenizer` (the endpoint tokenizes them again)."""
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"endpoint URL {url!r} is not an http(s) URL", "e.g. --endpoint http://127.0.0.1:8000")
+        check_url(url)
         if prompt_format not in PROMPT_FORMATS:
             raise ConfigError(f"prompt format {prompt_format!r} is unknown", f"use one of {', '.join(PROMPT_FORMATS)}")
         if prompt_format == "text" and tokenizer is None:
