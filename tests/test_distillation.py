@@ -220,7 +220,7 @@ def test_skips_without_evidence_or_where_it_cannot_apply(tiny_target):
     assert "no model time" in decide(rung(), tiny_target, no_model_time)
     hot = bench([(1, 9, 10), (8, 36, 40)], ["p95_e2e_ms<=20"])
     assert "not fewer than the champion's 4" in decide(rung(student_layers=4, force=True), tiny_target, hot)
-    assert "no training text" in decide(rung(stdlib_heldout_every=None, force=True), tiny_target, hot)
+    assert "no quality bar" in decide(rung(accuracy_tasks=[], force=True), tiny_target, hot)
     opt = rung(force=True)
     opt.observe(SimpleNamespace(bench=hot))
     assert "already a distilled student" in opt.check(CPU, Candidate(tiny_target).edited("distillation"))
