@@ -153,3 +153,28 @@ def test_a_task_whose_every_document_is_scored_leaves_nothing_to_train_on(qwen, 
     assert opt.check(CPU, champion(qwen)) is None     # the gate scores the first 3 of the 5 test documents
     assert opt.training.texts == ("test question 3: no", "test question 4: yes")
     assert "2 test-split past accuracy.limit=3 documents of own_qa" in opt.training.source
+
+
+def test_the_sweep_records_the_rung_as_skipped_with_the_reason(qwen, tmp_path):
+    """As the sweep climbs it: nothing built or trained, the verdict and reason on the rung's run."""
+    from types import SimpleNamespace
+
+    import mlflow
+
+    from experiments.rung import climb
+
+    cfg = folder_config(qwen, tmp_path)
+    opt = dict(load_rungs(cfg))["distillation"]
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    try:
+        experiment = mlflow.create_experiment("distill-guard")
+        base = SimpleNamespace(candidate=champion(qwen), run_id="baseline-run", bench=None)
+        sweep = SimpleNamespace(cfg=cfg, env=CPU, experiment_id=experiment)
+        outcome = climb("distillation", opt, base, sweep, SimpleNamespace(started=lambda *args: None), "key")
+        tags = mlflow.get_run(outcome.run_id).data.tags
+    finally:
+        mlflow.set_tracking_uri(previous)
+    assert outcome.verdict.status == "skipped"
+    assert outcome.verdict.reason.startswith("not applicable here: no quality bar: accuracy.tasks is empty")
+    assert tags["roi.verdict"] == "skipped" and "no quality bar" in tags["roi.reason"]
