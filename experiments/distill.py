@@ -61,6 +61,7 @@ class DistillResult:
     kept_layers: tuple[int, ...]   # the teacher's decoder layers the student started from, in order
     parameters: int
     teacher_parameters: int
+    train_tokens: int              # the training text's length in the teacher's tokens (windows are drawn from it)
     final_kd_loss: float           # moving averages over the last steps
     final_ce_loss: float
 
@@ -135,6 +136,7 @@ def _result(folder: Path, reused: bool, seconds: float) -> DistillResult:
     return DistillResult(path=folder, reused=reused, seconds=seconds, train_seconds=r["train_seconds"],
                          teacher_layers=r["teacher_layers"], kept_layers=tuple(r["kept_layers"]),
                          parameters=r["parameters"], teacher_parameters=r["teacher_parameters"],
+                         train_tokens=r["train_tokens"],
                          final_kd_loss=r["final_kd_loss"], final_ce_loss=r["final_ce_loss"])
 
 

@@ -137,6 +137,7 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
         if cand.target.model_dir != current.target.model_dir:   # the rung made a new model
             tracking.set_tag(Tag.MODEL_DIR, str(cand.target.model_dir))
         mlflow.log_params(tracking.flatten({"recipe": cand.describe()}))
+        tracking.log_params(opt.applied())
         tracking.set_tag(Tag.MEASUREMENT, contender.WHAT_WAS_DONE)
         measured = _measure(cand, sweep, name, apart)
         outcome.bench, outcome.accuracy, outcome.fidelity = measured.bench, measured.accuracy, measured.fidelity

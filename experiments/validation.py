@@ -53,9 +53,18 @@ def load_rungs(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
 
 def check_required(cfg: DictConfig, rungs: list[tuple[str, Optimizer]], env: Env) -> None:
     """`ladder.required`: rungs this sweep is for. One this machine cannot run (no CUDA device, a missing
-    package) is refused now rather than recorded as skipped after the baseline has been measured."""
+    package), or one that the config leaves nothing to be judged on (as a forced one), is refused now rather
+    than recorded as skipped after the baseline has been measured."""
     by_name = dict(rungs)
-    for name in cfg.ladder.get("required") or []:
+    required = list(cfg.ladder.get("required") or [])
+    for name, opt in rungs:
+        must = "is required (ladder.required)" if name in required else "is forced (force: true)" if opt.force else ""
+        if must and (refusal := opt.config_check()):
+            problem, fix = refusal
+            release = (f"drop {name!r} from ladder.required" if name in required
+                       else f"set ladder.rungs.{name}.force=false")
+            raise ConfigError(f"rung {name!r} {must}, but {problem}", f"{fix}; or {release} to let the sweep skip it")
+    for name in required:
         if name not in by_name:
             raise ConfigError(f"ladder.required names {name!r}, which is not in the ladder ({', '.join(by_name)})",
                               f"add conf/rung/{name}.yaml to the ladder or drop {name!r} from ladder.required")

@@ -18,6 +18,7 @@ class Optimizer(ABC):
     # Drift from the baseline's next-token distribution is a gate criterion for rungs that should not change
     # what the model says (engines, precision, quantization); a retrained model is judged on accuracy alone.
     fidelity_gated: bool = True
+    force: bool = False      # set to run whatever its evidence says: like a required rung, it must be able to
     # While `apply` runs, the rung's stage.progress(done, total, what, unit): a long apply (training) counts.
     on_progress = None
 
@@ -28,6 +29,12 @@ class Optimizer(ABC):
     def machine_check(self, env: Env) -> str | None:
         """The reason this machine cannot run the rung whatever the champion (no CUDA device, a missing
         package), or None. A rung in `ladder.required` failing it stops the sweep before any work."""
+        return None
+
+    def config_check(self) -> tuple[str, str] | None:
+        """(what is wrong, what to do) where the sweep's config leaves this rung nothing to be judged on,
+        whatever the machine and the champion (distillation without an accuracy task), or None. A required or
+        forced rung failing it stops the sweep before any work."""
         return None
 
     def check(self, env: Env, cand: Candidate) -> str | None:
@@ -43,3 +50,8 @@ class Optimizer(ABC):
     @abstractmethod
     def apply(self, cand: Candidate) -> Candidate:
         """A new candidate with this rung's change to the recipe."""
+
+    def applied(self) -> dict[str, str]:
+        """What the last `apply` did that the candidate's recipe does not say (what a student learned from, for
+        how many tokens), for the rung run's params."""
+        return {}

@@ -3,7 +3,10 @@
 The seed keeps model-structure changes for when the model layer itself is the bottleneck: this rung runs only
 when, in the champion's benchmark, model compute dominates end-to-end time, the SLA is still unmet and no resource-layer shape
 (experiments/diagnose.py) points elsewhere (or when `force` says so); otherwise it is skipped with the numbers. The student is an ordinary model folder, so the
-champion's recipe (engine, precision, batching, ...) runs it unchanged, and the same gate judges it.
+champion's recipe (engine, precision, batching, ...) runs it unchanged, and the same gate judges it: on accuracy,
+since a retrained model says other things by design. Without an accuracy task there is no bar for it to clear,
+so the rung does not run (and a sweep that forces or requires it is refused before any work). The student
+learns from the target's own text (experiments/distill_data.py), recorded on the run with its token count.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from optimizers.base import Optimizer
 
 log = logging.getLogger(__name__)
 NO_BENCH = "no benchmark of the champion to locate the bottleneck from"
+NO_QUALITY_BAR = ("no quality bar: accuracy.tasks is empty, and a distilled student is judged on accuracy alone "
+                  "(fidelity and generation agreement do not gate a retrained model)")
 
 
 @dataclass(frozen=True)
@@ -82,9 +87,11 @@ class Distillation(Optimizer):
 
     def __init__(self, student_layers: int | None, steps: int, seq_len: int, batch_size: int, lr: float,
                  temperature: float, alpha: float, seed: int, threads: int, cache_dir: str,
-                 corpus_heldout_every: int | None, force: bool = False, model_share_min: float = 0.7,
-                 resource_rules=None):
+                 stdlib_heldout_every: int | None = None, force: bool = False, model_share_min: float = 0.7,
+                 resource_rules=None, accuracy_tasks=(), accuracy_include_path: str | None = None,
+                 accuracy_limit: int | None = None, workload_prompts=None, workload_corpus: str | None = None):
         from experiments.distill import DistillSettings
+        from experiments.distill_data import Sources
 
         if not 0 < model_share_min <= 1:
             raise ValueError(f"model_share_min must be in (0, 1], got {model_share_min}")
@@ -92,13 +99,22 @@ class Distillation(Optimizer):
         self.settings = DistillSettings(student_layers or 1, steps, seq_len, batch_size, lr, temperature, alpha,
                                         seed)
         self.threads, self.cache_dir = int(threads), Path(cache_dir)
-        self.corpus_heldout_every = corpus_heldout_every
+        self.sources = Sources(workload_prompts if isinstance(workload_prompts, str) else None,  # else a count
+                               workload_corpus or None, stdlib_heldout_every, tuple(accuracy_tasks or ()),
+                               accuracy_include_path, accuracy_limit)
         self.force, self.model_share_min = bool(force), float(model_share_min)
         self.resource_rules = resource_rules   # conf/diagnosis resource thresholds (None: the shipped ones)
         self.evidence: Evidence | None = None
         self.no_evidence = NO_BENCH   # why there is no evidence, while `evidence` is None
         self.decision = ""         # why `check` let it run (forced, or the evidence), for the rung's record
+        self.training = None       # distill_data.TrainingText, chosen by `check` when it lets the rung run
         self.result = None         # distill.DistillResult of the last apply
+
+    def config_check(self) -> tuple[str, str] | None:
+        if self.sources.tasks:
+            return None
+        return (NO_QUALITY_BAR, "give it a task to be judged on: accuracy.tasks=[TASK] (and accuracy.include_path=DIR "
+                                "for a folder of your own task YAMLs)")
 
     def observe(self, champion) -> None:
         self.evidence, bench = None, getattr(champion, "bench", None)
@@ -111,24 +127,23 @@ class Distillation(Optimizer):
             self.no_evidence = str(exc)
 
     def check(self, env: Env, cand: Candidate) -> str | None:
-        self.decision = ""
+        self.decision, self.training = "", None
         if not cand.target.decodes:
             return (f"distillation here trains a causal-LM student on next-token targets; the target is an encoder "
                     f"({cand.target.kind})")
         if self.name in cand.rungs:
             return "the champion is already a distilled student"
+        if no_bar := self.config_check():
+            return "; ".join(no_bar)
         teacher_layers = _decoder_layers(cand)
         student_layers = self.student_layers_for(teacher_layers)
         if not teacher_layers or student_layers >= teacher_layers:
             return (f"student_layers={student_layers} is not fewer than the champion's {teacher_layers} decoder "
                     f"layers")
-        if self.corpus_heldout_every is None:
-            return "no training text: corpus_heldout_every is null (conf/rung/distillation.yaml)"
         if self.force:
             seen = f"{self.evidence.describe_share()}; {self.evidence.describe_sla()}" if self.evidence \
                 else self.no_evidence
-            self.decision = f"forced (force: true) regardless of the evidence: {seen}"
-            return None
+            return self.with_training_text(cand, f"forced (force: true) regardless of the evidence: {seen}")
         if self.evidence is None:
             return self.no_evidence
         ev = self.evidence
@@ -140,8 +155,19 @@ class Distillation(Optimizer):
                     f"{'; '.join(ev.elsewhere)} ({ev.describe_share()})")
         if not ev.sla_unmet:
             return f"nothing to gain from a smaller model: {ev.describe_sla()} ({ev.describe_share()})"
-        self.decision = f"the model layer is the bottleneck: {ev.describe_share()}; {ev.describe_sla()}" + (
-            f"; resource layer: {ev.resources}" if ev.resources else "")
+        return self.with_training_text(
+            cand, f"the model layer is the bottleneck: {ev.describe_share()}; {ev.describe_sla()}" + (
+                f"; resource layer: {ev.resources}" if ev.resources else ""))
+
+    def with_training_text(self, cand: Candidate, decision: str) -> str | None:
+        """Once the rung would run: the text its student learns from (None), or why there is none."""
+        from experiments.distill_data import NoTrainingText, training_text
+
+        try:
+            self.training = training_text(self.sources, Path(cand.target.model_dir))
+        except NoTrainingText as exc:
+            return str(exc)
+        self.decision = f"{decision}; the student learns from {self.training.source}"
         return None
 
     def student_layers_for(self, teacher_layers: int | None) -> int:
@@ -157,16 +183,25 @@ class Distillation(Optimizer):
 
     def apply(self, cand: Candidate) -> Candidate:
         from experiments.distill import distill
-        from experiments.models.corpus import Corpus
+        from experiments.distill_data import training_text
 
-        texts = Corpus.from_stdlib(int(self.corpus_heldout_every)).train
+        if self.training is None:   # applied without `check`
+            self.training = training_text(self.sources, Path(cand.target.model_dir))
+        log.info("the student learns from %s", self.training.source)
         report = self.on_progress
         settings = replace(self.settings, student_layers=self.student_layers_for(_decoder_layers(cand)))
-        self.result = distill(Path(cand.target.model_dir), texts, settings, self.cache_dir, self.threads,
-                              log.info, (lambda done, total: report(done, total, "distillation", "steps"))
-                              if report else None)
+        self.result = distill(Path(cand.target.model_dir), list(self.training.texts), settings, self.cache_dir,
+                              self.threads, log.info,
+                              (lambda done, total: report(done, total, "distillation", "steps")) if report else None)
         student = replace(cand.target, model_dir=self.result.path)
         return replace(cand.edited(self.name), target=student)
+
+    def applied(self) -> dict[str, str]:
+        if self.result is None:
+            return {}
+        return {"distillation/data_source": self.training.source[:500],
+                "distillation/train_texts": str(len(self.training.texts)),
+                "distillation/train_tokens": str(self.result.train_tokens)}
 
 
 def _decoder_layers(cand: Candidate) -> int | None:

@@ -199,7 +199,8 @@ def test_distillation_skips_when_the_resource_layer_points_elsewhere(tiny_target
     from optimizers.distillation import Distillation
 
     quick = DistillSettings(2, 10, 64, 4, 1e-3, 2.0, 0.9, 0)
-    opt = Distillation(**asdict(quick), threads=2, cache_dir="/unused", corpus_heldout_every=8)
+    opt = Distillation(**asdict(quick), threads=2, cache_dir="/unused", stdlib_heldout_every=8,
+                       accuracy_tasks=["tiny_llm_nextline"])
     opt.name = "distillation"
     swinging = series([20, 180, 20, 180, 20, 180])
     hot = SimpleNamespace(levels=(level(1, 20, 10, 0.5, 9.5, swinging), level(8, 20, 40, 2, 36, swinging)),

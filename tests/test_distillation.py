@@ -169,7 +169,8 @@ def bench(levels, slos=(), capacity=None):
 
 
 def rung(**kw):
-    args = dict(asdict(QUICK), threads=2, cache_dir="/unused", corpus_heldout_every=8)
+    args = dict(asdict(QUICK), threads=2, cache_dir="/unused", stdlib_heldout_every=8,
+                accuracy_tasks=["tiny_llm_nextline"])
     opt = Distillation(**{**args, **kw})
     opt.name = "distillation"
     return opt
@@ -219,7 +220,7 @@ def test_skips_without_evidence_or_where_it_cannot_apply(tiny_target):
     assert "no model time" in decide(rung(), tiny_target, no_model_time)
     hot = bench([(1, 9, 10), (8, 36, 40)], ["p95_e2e_ms<=20"])
     assert "not fewer than the champion's 4" in decide(rung(student_layers=4, force=True), tiny_target, hot)
-    assert "no training text" in decide(rung(corpus_heldout_every=None, force=True), tiny_target, hot)
+    assert "no quality bar" in decide(rung(accuracy_tasks=[], force=True), tiny_target, hot)
     opt = rung(force=True)
     opt.observe(SimpleNamespace(bench=hot))
     assert "already a distilled student" in opt.check(CPU, Candidate(tiny_target).edited("distillation"))
@@ -234,19 +235,20 @@ def test_rung_is_built_from_its_yaml(tmp_path):
     name, opt = load_rungs(cfg)[-1]
     assert name == "distillation" and isinstance(opt, Distillation) and opt.cost == "high"
     assert opt.cache_dir == Path(cfg.cache_dir) and opt.threads == cfg.threads and opt.settings.seed == cfg.seed
-    assert opt.corpus_heldout_every == cfg.target.build.heldout_every and opt.force is False
+    assert opt.sources.stdlib_heldout_every == cfg.target.build.heldout_every and opt.force is False
+    assert opt.sources.tasks == tuple(cfg.accuracy.tasks) == ("tiny_llm_nextline",)
     assert opt.student_layers_for(cfg.target.build.num_layers) == cfg.target.build.num_layers // 2   # null: half
 
 
-def test_any_causal_lm_gets_a_half_depth_student_trained_on_the_stdlibs_training_split():
-    """Not only the built-in model: a target without a training corpus of its own trains on the standard
-    library's files outside the held-out split its prompts and fidelity windows come from."""
+def test_any_causal_lm_gets_a_half_depth_student_and_only_the_builtins_train_on_the_stdlib():
+    """The built-ins' students learn from the standard library's training split (tiny-llm was trained on it; their
+    prompts and fidelity windows are its held-out files); a user's folder, from its own text."""
     from experiments.validation import load_rungs
 
     for target in ("smollm2", "folder"):
         overrides = ["target.source=/nowhere"] if target == "folder" else []
         opt = dict(load_rungs(compose([f"target={target}", *overrides])))["distillation"]
-        assert opt.corpus_heldout_every == 8
+        assert opt.sources.stdlib_heldout_every == (8 if target == "smollm2" else None)
         assert opt.student_layers_for(30) == 15 and opt.student_layers_for(1) == 1
         assert (opt.settings.steps, opt.settings.batch_size) == ((40, 4) if target == "smollm2" else (160, 16))
 
