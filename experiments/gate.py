@@ -84,7 +84,10 @@ class Gate:
         over the per-round ratios."""
         obj = self.cfg.objective
         ratios = rounds.ratios(challenger, champion, obj.metric, obj.stat)
-        label = f"{obj.metric} {obj.stat} @c={rounds.concurrency}, {len(ratios)} interleaved rounds"
+        return self.on_ratios(ratios, f"{obj.metric} {obj.stat} @c={rounds.concurrency}, {len(ratios)} "
+                                      f"interleaved rounds")
+
+    def on_ratios(self, ratios: np.ndarray, label: str = "ratio") -> Criterion:
         if len(ratios) < min_rounds(self.cfg.confidence) or not np.isfinite(ratios).all():
             return Criterion("performance", False, f"{label}: a round without successful requests, or too few "
                                                    f"rounds for a {self.cfg.confidence:.0%} interval "
@@ -92,7 +95,49 @@ class Gate:
         ratio, lo, hi = rounds_ratio_ci(ratios, self.cfg.confidence)
         spread = {"rounds": float(len(ratios)), "round_ratio_min": float(ratios.min()),
                   "round_ratio_max": float(ratios.max())}
-        return self._judged(ratio, lo, hi, label, spread)
+        looks = self.round_looks()
+        if len(looks) == 1:
+            return self._judged(ratio, lo, hi, label, spread)
+        # Several looks: each accepts on its share of the error (sequential.look_alpha); the interval shown
+        # stays the single look's, for the reader, and the detail says which look decided.
+        alpha = sequential.look_alpha(float(self.cfg.confidence), len(looks))
+        bound = rounds_ratio_ci(ratios, 1 - 2 * alpha)[2]
+        look = max(1, sum(n <= len(ratios) for n in looks))
+        need = 1 - self.cfg.min_gain
+        passed = bound < need
+        detail = (f"{label} ratio {ratio:.3f} [{lo:.3f}, {hi:.3f}]; look {look} of {len(looks)}: upper bound "
+                  f"{bound:.3f} at one-sided {alpha:.4f} {'<' if passed else '>='} {need:.2f} needed")
+        return Criterion("performance", passed, detail,
+                         {"ratio": ratio, "ratio_ci_low": lo, "ratio_ci_high": hi, "ratio_needed": need,
+                          "ratio_accept_bound": bound, "look": float(look), "looks": float(len(looks)), **spread})
+
+    def looked(self, rounds, challenger: str = "challenger", champion: str = "champion") -> tuple[Criterion, int]:
+        """(the criterion, the rounds it took) as the rounds' looks would have decided on these rounds' first
+        ones: a comparison among several (make bench-gate's) measured until every one is decided."""
+        obj = self.cfg.objective
+        ratios = rounds.ratios(challenger, champion, obj.metric, obj.stat)
+        label = f"{obj.metric} {obj.stat} @c={rounds.concurrency}"
+        used = next((n for n in self.round_looks() if n <= len(ratios) and self.ratios_decided(ratios[:n])),
+                    len(ratios))
+        return self.on_ratios(ratios[:used], f"{label}, {used} interleaved rounds"), used
+
+    def round_looks(self) -> list[int]:
+        rounds = self.cfg.get("interleaved") or {}
+        return sequential.round_looks(int(rounds.get("rounds") or 0), rounds.get("max_rounds"))
+
+    def rounds_decided(self, rounds, challenger: str = "challenger", champion: str = "champion") -> bool:
+        obj = self.cfg.objective
+        return self.ratios_decided(rounds.ratios(challenger, champion, obj.metric, obj.stat))
+
+    def ratios_decided(self, ratios: np.ndarray) -> bool:
+        """Stop adding rounds: accepted on this look's share of the error, or no gain of min_gain left inside
+        the single look's interval (stopping then cannot accept anything wrongly), or the last look reached."""
+        if len(ratios) >= self.round_looks()[-1]:
+            return True
+        crit = self.on_ratios(ratios)
+        if not crit.numbers:                  # a round without successful requests: no look can pass
+            return True
+        return crit.passed or crit.numbers["ratio_ci_low"] >= 1 - self.cfg.min_gain
 
     def consistency(self, rounds, champion: BenchmarkReport, challenger: BenchmarkReport,
                     challenger_name: str = "challenger", champion_name: str = "champion") -> Criterion:

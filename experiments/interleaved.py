@@ -10,6 +10,7 @@ a disturbance that recurs at a fixed period cannot line up with one side as it c
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from omegaconf import OmegaConf
 from experiments.level import LevelReport
 from experiments.errors import ConfigError
 from experiments.names import Metric
+from experiments.sequential import look_alpha, round_looks
 from experiments.stats import min_rounds, summary_stat
 
 
@@ -91,21 +93,27 @@ def orders(names: list[str], rounds: int, seed) -> list[list[str]]:
 
 
 def measure(runs: dict[str, Callable[[], LevelReport]], rounds: int, concurrency: int,
-            on_round=lambda r: None, seed=0) -> Rounds:
-    """`rounds` rounds; each calls every contender's run once, in the order orders() draws from `seed`.
+            on_round=lambda r: None, seed=0, looks=(), decided=lambda rounds: False,
+            budget_s: float | None = None) -> Rounds:
+    """`rounds` rounds; each calls every contender's run once, in the order orders() draws from `seed`. With
+    `looks` (round counts below `rounds`), decided(the rounds so far) is asked at each, and the rounds stop once
+    it says so, or once a look finds `budget_s` spent.
 
     runs[name]() measures one run of that contender and returns its level, in a process where that contender is
     the only engine alive (experiments/contender.py).
     """
     names = list(runs)
     levels: dict[str, list[LevelReport]] = {n: [] for n in names}
-    first = []
+    first, started = [], time.monotonic()
+    so_far = lambda: Rounds(concurrency, {n: tuple(found) for n, found in levels.items()}, tuple(first))  # noqa: E731
     for r, order in enumerate(orders(names, int(rounds), seed)):
+        if r in looks and (decided(so_far()) or (budget_s is not None and time.monotonic() - started > budget_s)):
+            break
         on_round(r)
         first.append(order[0])
         for name in order:
             levels[name].append(runs[name]())
-    return Rounds(concurrency, {n: tuple(found) for n, found in levels.items()}, tuple(first))
+    return so_far()
 
 
 def check_config(cfg_interleaved, confidence: float) -> None:
@@ -118,3 +126,12 @@ def check_config(cfg_interleaved, confidence: float) -> None:
                           f"0 compares with the champion's recorded run; {fewest} or more re-measure it beside the "
                           f"challenger (the fewest whose signed-rank interval reaches {confidence:.0%}; 8-12 is "
                           f"a good default)")
+    most = cfg_interleaved.get("max_rounds")
+    if rounds and most is not None and most < rounds:
+        raise ConfigError(f"gate.interleaved.max_rounds={most} is below gate.interleaved.rounds={rounds}",
+                          "give the most rounds a comparison may take (>= rounds), or null for one look")
+    looks = round_looks(rounds, most) if rounds else []
+    if len(looks) > 1 and rounds < (fewest := min_rounds(1 - 2 * look_alpha(confidence, len(looks)))):
+        raise ConfigError(f"gate.interleaved.rounds={rounds} is too few for a first of {len(looks)} looks: each "
+                          f"look's share of the error needs {fewest} rounds for an exact interval",
+                          f"raise rounds to {fewest}, or lower max_rounds (fewer looks)")

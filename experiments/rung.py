@@ -230,13 +230,15 @@ def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart
     rounds_cfg = cfg.gate.interleaved
     threads, artefacts = int(cfg.threads), Path(cfg.cache_dir) / "artefacts"
     load = interleaved.load_config(cfg.benchmark, rounds_cfg, c)
-    title = f"{name}: champion and challenger in {rounds_cfg.rounds} rounds at c={c}{why}"
-    with sweep.ui.stage(title) as st:
+    looks = sweep.gate.round_looks()
+    most = looks[-1]
+    upto = f"{looks[0]} to {most} rounds, more while undecided," if len(looks) > 1 else f"{most} rounds"
+    with sweep.ui.stage(f"{name}: champion and challenger in {upto} at c={c}{why}") as st:
         # planned: both sides' runs of `seconds` each; the rate seen (warm-up and drain included) takes over
-        planned = 2 * float(rounds_cfg.seconds) * int(rounds_cfg.rounds)
+        planned = 2 * float(rounds_cfg.seconds) * most
 
         def on_round(r):
-            st.progress(r, int(rounds_cfg.rounds), "rounds", planned_s=planned)
+            st.progress(r, most, "rounds", planned_s=planned)
 
         builds = {who: functools.partial(build_engine, side, threads, artefacts)
                   for who, side in (("champion", champion), ("challenger", cand))}
@@ -246,7 +248,8 @@ def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart
                                   ) as runs:
             # the order's seed: the sweep's, the rung and the attempt (a second measurement draws anew)
             seed = (int(cfg.seed), zlib.crc32(name.encode()), attempt)
-            return interleaved.measure(runs, int(rounds_cfg.rounds), c, on_round, seed)
+            return interleaved.measure(runs, most, c, on_round, seed, looks[:-1], sweep.gate.rounds_decided,
+                                       rounds_cfg.get("budget_s"))
 
 
 def _log_rounds(rounds: interleaved.Rounds, obj, csv_path: str, metric: str) -> None:

@@ -32,3 +32,20 @@ def bounds(fraction: float, confidence: float) -> tuple[float, float]:
     joint = stats.multivariate_normal(mean=[0.0, 0.0], cov=[[1.0, rho], [rho, 1.0]], seed=0)
     last = optimize.brentq(lambda z: float(joint.cdf([first, z])) - confidence, 0.0, first + 10.0, xtol=1e-6)
     return first, float(last)
+
+
+# --- interleaved rounds: looks at a growing number of rounds -------------------------------------------------
+def round_looks(first: int, most: int | None) -> list[int]:
+    """The round counts at which the gate looks: `first`, then `first` more at a time up to `most` (the last
+    look may be shorter); one look when `most` is unset or not above `first`."""
+    if not most or most <= first:
+        return [first]
+    return list(range(first, most, first)) + [most]
+
+
+def look_alpha(confidence: float, looks: int) -> float:
+    """One-sided error each look may spend on accepting: the single look's (1 - confidence) / 2, split evenly
+    (Bonferroni), so that the chance of accepting at any look stays within it whatever the looks' correlation.
+    O'Brien-Fleming's spending would leave a first look of 8 rounds nothing an exact signed-rank interval can
+    reach (its smallest one-sided level is 1/2^8)."""
+    return (1 - confidence) / 2 / looks

@@ -100,6 +100,10 @@ SETTINGS = (
     Setting("gate.confidence", float, "(0, 1)", "give a confidence level such as 0.95"),
     Setting("gate.bootstrap_resamples", int, AT_LEAST_ONE, "e.g. gate.bootstrap_resamples=2000"),
     Setting("gate.interleaved.rounds", int, NON_NEGATIVE, "0 compares with the recorded run; e.g. 20"),
+    Setting("gate.interleaved.max_rounds", int, AT_LEAST_ONE, "null looks once; e.g. 32: while undecided, "
+            "`rounds` more at a time up to 32", nullable=True),
+    Setting("gate.interleaved.budget_s", float, POSITIVE, "null: no time limit on added looks; e.g. 60",
+            nullable=True),
     Setting("gate.interleaved.seconds", float, POSITIVE, "give the length of each run in a round, e.g. 2.0"),
     Setting("gate.interleaved.min_requests", int, AT_LEAST_ONE, "give the fewest requests per run, e.g. 40"),
     Setting("gate.consistency.max_deviation", float, POSITIVE,

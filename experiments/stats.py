@@ -1,6 +1,7 @@
 """Latency statistics as value objects: percentiles with distribution-free confidence intervals."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,6 +95,7 @@ def hodges_lehmann_ci(values, confidence: float) -> tuple[float, float, float]:
     return float(np.median(walsh)), float(walsh[k - 1]), float(walsh[len(walsh) - k])
 
 
+@functools.lru_cache(maxsize=256)
 def signed_rank_critical(n: int, confidence: float) -> int:
     """The largest k with P(T <= k - 1) <= (1 - confidence) / 2 under the null (T: Wilcoxon's signed-rank
     statistic of n values; exact, by counting the subsets of ranks 1..n per sum). The interval from the k-th

@@ -18,7 +18,7 @@ class Optimizer(ABC):
     # Drift from the baseline's next-token distribution is a gate criterion for rungs that should not change
     # what the model says (engines, precision, quantization); a retrained model is judged on accuracy alone.
     fidelity_gated: bool = True
-    force: bool = False      # set to run whatever its evidence says: like a required rung, it must be able to
+    force: bool = False      # run whatever the evidence says; like a required rung, it must still be judgeable
     # While `apply` runs, the rung's stage.progress(done, total, what, unit): a long apply (training) counts.
     on_progress = None
 

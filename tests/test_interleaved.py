@@ -185,6 +185,10 @@ def test_measure_follows_the_drawn_order_and_runs_each_run_in_a_fresh_process_of
     ({"min_requests": 0}, "min_requests=0 is not an integer >= 1"),
     ({"rounds": 8, "consistency": None}, "gate.consistency.max_deviation=None"),
     ({"rounds": 8, "consistency": {"max_deviation": 0}}, "max_deviation=0 is not a number > 0"),
+    ({"rounds": 8, "max_rounds": 6}, "max_rounds=6 is below gate.interleaved.rounds=8"),
+    ({"rounds": 6, "max_rounds": 24}, "rounds=6 is too few for a first of 4 looks: each look's share of the "
+                                      "error needs 8 rounds"),
+    ({"max_rounds": 0}, r"max_rounds=0 is not an integer \(or null\) >= 1"),
 ])
 def test_bad_interleaved_config_is_one_clear_error(change, message):
     from experiments.gate import check_config
@@ -201,3 +205,57 @@ def test_zero_rounds_is_valid_and_means_the_recorded_run():
     from experiments.gate import check_config
 
     check_config(OmegaConf.merge(GATE, {"interleaved": {"rounds": 0, "seconds": 1.0, "min_requests": 1}}))
+
+
+# --- sequential rounds: looks while undecided ------------------------------------------------------------------
+def sequential(rounds=8, most=32):
+    return Gate(OmegaConf.merge(GATE, {"interleaved": {"rounds": rounds, "max_rounds": most}}))
+
+
+def decide(gate, ratios):
+    """(accepted, rounds used) as the rung's looks decide on a sequence of per-round ratios."""
+    used = next(n for n in gate.round_looks() if n >= len(ratios) or gate.ratios_decided(ratios[:n]))
+    return gate.on_ratios(ratios[:used]).passed, used
+
+
+def test_sequential_looks_keep_the_false_accept_rate_and_find_a_real_gain():
+    """Known answers (issue 34 item 6): per-round log-ratios with 5 % noise. At the boundary (true ratio 0.95 =
+    1 - min_gain) accepting is wrong: looking four times must not accept more often than one look of 8 rounds
+    (its exact one-sided 2.5 %). A real 10 % gain: one look of 8 rounds accepts about half; the looks nearly all,
+    while a comparison that is plainly not a gain stops at its first look."""
+    rng = np.random.default_rng(3)
+    one, looks = sequential(most=None), sequential()
+    assert looks.round_looks() == [8, 16, 24, 32] and one.round_looks() == [8]
+    draw = lambda true: true * np.exp(rng.normal(0, 0.05, (1000, 32)))   # noqa: E731
+    boundary = [decide(looks, r)[0] for r in draw(0.95)]
+    assert np.mean(boundary) <= 0.025 + 0.01                    # 1.8 % measured; the MC error at N = 1000 ~0.5 %
+    gain = draw(1 / 1.1)
+    assert np.mean([decide(one, r[:8])[0] for r in gain]) < 0.65                          # ~0.51
+    accepted, used = zip(*(decide(looks, r) for r in gain))
+    assert np.mean(accepted) >= 0.97 and np.median(used) <= 16                            # ~0.99, 16
+    same = [decide(looks, r) for r in draw(1.0)]
+    assert not any(a for a, _ in same) and np.median([u for _, u in same]) == 8
+
+
+def test_a_looked_criterion_says_which_look_and_its_bound():
+    gate = sequential()
+    crit = gate.on_ratios(np.full(16, 0.9) * np.exp(np.linspace(-0.01, 0.01, 16)))
+    assert crit.passed and crit.numbers["look"] == 2 and crit.numbers["looks"] == 4
+    assert crit.numbers["ratio_ci_high"] <= crit.numbers["ratio_accept_bound"] < 0.95
+    assert "look 2 of 4: upper bound" in crit.detail and "at one-sided 0.0063 < 0.95 needed" in crit.detail
+
+
+def test_measure_stops_at_the_first_look_that_decides_or_past_its_budget():
+    calls = []
+
+    def run(name):
+        calls.append(name)
+        return level([10.0] * 4)
+
+    runs = {"champion": lambda: run("champion"), "challenger": lambda: run("challenger")}
+    told = []
+    rounds = interleaved.measure(runs, 32, 4, looks=[8, 16, 24], decided=lambda r: told.append(r.count) or
+                                 r.count >= 16)
+    assert rounds.count == 16 and told == [8, 16] and len(calls) == 32
+    slow = interleaved.measure(runs, 32, 4, looks=[8, 16, 24], decided=lambda r: False, budget_s=0.0)
+    assert slow.count == 8                                       # the budget was spent at the first look

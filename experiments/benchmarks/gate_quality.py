@@ -13,7 +13,11 @@ The gate from conf/ (the thresholds and the interleaved rounds the ladder uses) 
     rival measured while it idles, in its process or beside it, is slowed and it looks faster) -> share not
     accepted (goal >= 95 %): the rounds measure each side with nothing of the other running;
 (e) a harmless change (the same noise at a quarter of (c)'s scale: answers flip per document, the mean does not
-    drop — what a good int8 does) -> share the gate accepts on both criteria (goal >= 90 %).
+    drop — what a good int8 does) -> share the gate accepts on both criteria (goal >= 90 %);
+(f) a real 10 % gain: the champion judged as a challenger of the slowed contender (b) -> share accepted
+    (goal >= 95 %).
+With sequential rounds (gate.interleaved.max_rounds), a trial's rounds go on until each comparison is decided,
+and each is judged on the rounds its own looks would have taken (Gate.looked): the rounds it used are shown.
 For contrast, the same runs judged the old way: one run each, a bootstrap over their requests.
 """
 from __future__ import annotations
@@ -110,24 +114,33 @@ def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, co
               "slowed": partial(slowed_build, ort, threads, artefacts, SLOWDOWN),
               "disturbing": partial(disturbing_build, ort, threads, artefacts)}
     fresh = bool(cfg.gate.interleaved.get("fresh_build_per_run", False))
+    looks = gate.round_looks()
+    every_decided = lambda r: all(gate.rounds_decided(r, *pair) for pair in PAIRS.values())  # noqa: E731
     for i in range(n):
         with contender.round_runs(builds, fresh, workload, load, concurrency, cfg.gate.confidence, apart,
                                   i) as runs, OtherLoad() as load_meter:
-            rounds = interleaved.measure(runs, int(cfg.gate.interleaved.rounds), concurrency, seed=(cfg.seed, i))
+            rounds = interleaved.measure(runs, looks[-1], concurrency, seed=(cfg.seed, i), looks=looks[:-1],
+                                         decided=every_decided)
         single = {k: BenchmarkReport((levels[0],)) for k, levels in rounds.runs.items()}
-        trials.append(Trial(same=gate.interleaved(rounds, "same", "champion"),
-                            slowed=gate.interleaved(rounds, "slowed", "champion"),
-                            disturbing=gate.interleaved(rounds, "disturbing", "champion"),
+        judged = {name: gate.looked(rounds, *pair) for name, pair in PAIRS.items()}
+        trials.append(Trial(same=judged["same"][0], slowed=judged["slowed"][0], disturbing=judged["disturbing"][0],
+                            gain=judged["gain"][0], used={name: used for name, (_, used) in judged.items()},
                             same_single=gate.performance(single["champion"], single["same"]),
                             slowed_single=gate.performance(single["champion"], single["slowed"]),
                             disturbing_single=gate.performance(single["champion"], single["disturbing"]),
                             others=load_meter.share, requests=len(rounds.runs["champion"][0].records)))
         t = trials[-1]
         console.print(f"  trial {i + 1}/{n}: A/A {_ratio(t.same)}   slowed {_ratio(t.slowed)}   disturbing "
-                      f"{_ratio(t.disturbing)}{' ACCEPTED' if t.disturbing.passed else ''}   (one run each: A/A "
+                      f"{_ratio(t.disturbing)}{' ACCEPTED' if t.disturbing.passed else ''}   gain {_ratio(t.gain)}"
+                      f"{' accepted' if t.gain.passed else ''}   rounds {t.used}   (one run each: A/A "
                       f"{_ratio(t.same_single)}, slowed {_ratio(t.slowed_single)})   "
                       f"other processes {t.others:.0%} of the CPUs", highlight=False)
     return trials
+
+
+# each judged comparison: (challenger, champion) among the trial's contenders
+PAIRS = {"same": ("same", "champion"), "slowed": ("slowed", "champion"), "disturbing": ("disturbing", "champion"),
+         "gain": ("champion", "slowed")}
 
 
 @dataclass(frozen=True)
@@ -135,6 +148,8 @@ class Trial:
     same: Criterion
     slowed: Criterion
     disturbing: Criterion
+    gain: Criterion           # the champion against the slowed contender: a real 10 % gain
+    used: dict                # rounds each comparison took (PAIRS' names)
     same_single: Criterion
     slowed_single: Criterion
     disturbing_single: Criterion
@@ -176,7 +191,8 @@ def _own() -> float:
 def summary(trials: list[Trial], verdicts, harmless, sigma: float, cfg_gate) -> Table:
     rounds = cfg_gate.interleaved
     per_run = f" (~{int(np.median([t.requests for t in trials]))} requests per run)" if trials else ""
-    table = Table(title=f"gate decision quality: {rounds.rounds} interleaved rounds of {rounds.seconds:g} s per "
+    upto = f" (up to {rounds.max_rounds}, while undecided)" if rounds.get("max_rounds") else ""
+    table = Table(title=f"gate decision quality: {rounds.rounds}{upto} interleaved rounds of {rounds.seconds:g} s per "
                         f"comparison{per_run}; exact 95 % binomial intervals on each rate")
     for col in ("check", "N", "rate", "95 % CI", "goal", "met", "detail"):
         table.add_column(col)
@@ -199,11 +215,19 @@ def _performance_rows(table: Table, trials: list[Trial]) -> None:
                               f"rejected, CI low > 1; median ratio "
                               f"{np.median([_num(t.slowed, 'ratio') for t in trials]):.3f}; quiet trials: "
                               f"{sum(_caught(t.slowed) for t in quiet)}/{len(quiet)}"))
+    gained = Rate(sum(t.gain.passed for t in trials), n)
+    table.add_row(*gained.row(f"real {SLOWDOWN:.0%} gain accepted",
+                              f"the champion against the slowed contender; median ratio "
+                              f"{np.median([_num(t.gain, 'ratio') for t in trials]):.3f}"))
     kept_out = Rate(sum(not t.disturbing.passed for t in trials), n)
     table.add_row(*kept_out.row("disturbing contender not accepted",
                                 f"its threads burn the cores while it idles; median ratio "
                                 f"{np.median([_num(t.disturbing, 'ratio') for t in trials]):.3f}; one run each, not "
                                 f"accepted: {sum(not t.disturbing_single.passed for t in trials)}/{n}"))
+    table.add_row("rounds per comparison (median, max)", str(n), "", "", "", "",
+                  "; ".join(f"{name} {np.median([t.used[name] for t in trials]):g}, {max(t.used[name] for t in trials)}"
+                            for name in PAIRS) + f"; accepted of A/A, slowed, disturbing: "
+                  f"{sum(t.same.passed + t.slowed.passed + t.disturbing.passed for t in trials)} of {3 * n}")
     single_aa = Rate(sum(_no_change(t.same_single) for t in trials), n)
     single_caught = Rate(sum(_caught(t.slowed_single) for t in trials), n)
     for label, rate in (("old way, one run each: A/A no change", single_aa),
@@ -278,6 +302,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 5 trials of 6 rounds of 0.2 s, 2-point calibration")
     parser.add_argument("--rounds", type=int, help="interleaved rounds per comparison (default: conf/, the profile's)")
+    parser.add_argument("--max-rounds", type=int, dest="max_rounds",
+                        help="sequential rounds' last look (default: conf/, the profile's; 0: one look)")
     parser.add_argument("--seconds", type=float, help="each run in a round (default: conf/, the profile's)")
     parser.add_argument("--profile", default="demo",
                         help="the conf/profile whose gate settings judge (default demo, make sweep's; none: "
@@ -304,14 +330,15 @@ def main() -> None:
     profile = ["~profile"] if args.profile == "none" else [f"profile={args.profile}"]
     cfg, base, workload, include_path, windows = setup(console, [*profile, *args.overrides])
     if args.quick:
-        cfg.gate.interleaved = OmegaConf.merge(cfg.gate.interleaved, {"rounds": 6, "seconds": 0.2})
-    for key in ("rounds", "seconds"):
+        cfg.gate.interleaved = OmegaConf.merge(cfg.gate.interleaved, {"rounds": 6, "seconds": 0.2, "max_rounds": None})
+    for key in ("rounds", "seconds", "max_rounds"):
         if getattr(args, key) is not None:
-            cfg.gate.interleaved[key] = getattr(args, key)
+            cfg.gate.interleaved[key] = getattr(args, key) or None
     check_config(cfg.gate)
     gate, g = Gate(cfg.gate, cfg.seed), cfg.gate
     console.print(f"gate from conf/ (profile {args.profile}): {g.objective.metric} {g.objective.stat}, min_gain "
-                  f"{g.min_gain}, confidence {g.confidence}; interleaved {g.interleaved.rounds} rounds x "
+                  f"{g.min_gain}, confidence {g.confidence}; interleaved {g.interleaved.rounds} rounds "
+                  f"(up to {g.interleaved.get('max_rounds') or g.interleaved.rounds}) x "
                   f"{g.interleaved.seconds:g} s "
                   f"(>= {g.interleaved.min_requests} requests)", highlight=False)
     console.print(f"  accuracy: {g.accuracy.metric}, max_drop_abs {g.accuracy.max_drop_abs}, max_drop_rel "
