@@ -341,7 +341,8 @@ def main() -> None:
                   f"(up to {g.interleaved.get('max_rounds') or g.interleaved.rounds}) x "
                   f"{g.interleaved.seconds:g} s "
                   f"(>= {g.interleaved.min_requests} requests)", highlight=False)
-    console.print(f"  accuracy: {g.accuracy.metric}, max_drop_abs {g.accuracy.max_drop_abs}, max_drop_rel "
+    metric = g.accuracy.metric or "each task's first per-document metric"
+    console.print(f"  accuracy: {metric}, max_drop_abs {g.accuracy.max_drop_abs}, max_drop_rel "
                   f"{g.accuracy.get('max_drop_rel')}; fidelity: max_kl {g.fidelity.max_kl}, min_top1 "
                   f"{g.fidelity.min_top1}", highlight=False)
     trials, verdicts, harmless, sigma = [], [], [], float("nan")

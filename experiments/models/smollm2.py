@@ -9,26 +9,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import random
 from collections.abc import Callable
 from pathlib import Path
 
 from experiments.cache import write_atomic
 from experiments.errors import ConfigError
+from experiments.models import smollm2_facts
 from experiments.models.gguf import ensure_converted
 
-TASK_NAME = "smollm2_capitals"
-CAPITALS = {
-    "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid", "Portugal": "Lisbon",
-    "Japan": "Tokyo", "China": "Beijing", "Russia": "Moscow", "Egypt": "Cairo", "Greece": "Athens",
-    "Austria": "Vienna", "Hungary": "Budapest", "Poland": "Warsaw", "Sweden": "Stockholm", "Norway": "Oslo",
-    "Finland": "Helsinki", "Denmark": "Copenhagen", "Ireland": "Dublin", "the United Kingdom": "London",
-    "the Netherlands": "Amsterdam", "Belgium": "Brussels", "Czechia": "Prague", "Turkey": "Ankara",
-    "India": "New Delhi", "Thailand": "Bangkok", "South Korea": "Seoul", "Indonesia": "Jakarta",
-    "Argentina": "Buenos Aires", "Peru": "Lima", "Chile": "Santiago", "Colombia": "Bogotá", "Mexico": "Mexico City",
-    "Canada": "Ottawa", "Australia": "Canberra", "Kenya": "Nairobi", "Cuba": "Havana", "Iran": "Tehran",
-    "Iraq": "Baghdad", "Ukraine": "Kyiv", "Switzerland": "Bern",
-}
+TASK_NAME = "smollm2_facts"
 
 
 def gguf_file() -> Path:
@@ -45,23 +34,11 @@ def ensure_built(cache_dir: Path, progress: Callable[[str], None]) -> Path:
     return ensure_converted(gguf_file(), cache_dir, progress)
 
 
-def task_docs(seed: int = 0) -> list[dict]:
-    """Every country once, its capital among three others drawn with `seed`."""
-    rng = random.Random(seed)
-    docs = []
-    for country, capital in CAPITALS.items():
-        choices = rng.sample(sorted(set(CAPITALS.values()) - {capital}), 3) + [capital]
-        rng.shuffle(choices)
-        docs.append({"question": f"Question: What is the capital of {country}?\nAnswer:", "choices": choices,
-                     "label": choices.index(capital)})
-    return docs
-
-
 def task_include_path(dest: Path) -> Path:
     """The task's YAML and JSONL in `dest` (the YAML naming the JSONL absolutely: lm-eval resolves against the CWD)."""
     dest.mkdir(parents=True, exist_ok=True)
     data = dest / f"{TASK_NAME}.jsonl"
-    write_atomic(data, "".join(json.dumps(d) + "\n" for d in task_docs()))
+    write_atomic(data, "".join(json.dumps(d) + "\n" for d in smollm2_facts.docs()))
     yaml = (Path(__file__).parent / "tasks" / f"{TASK_NAME}.yaml").read_text()
     write_atomic(dest / f"{TASK_NAME}.yaml", yaml.replace("@DATA@", str(data.resolve())))
     return dest
