@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 # Hydra overrides: `make sweep profile=quick target=tiny-llm` or `make sweep ARGS="gate.min_gain=0.1"`.
 OVERRIDES := $(foreach v,target profile ladder gate benchmark tracking experiment,$(if $($(v)),$(v)=$($(v)))) $(ARGS)
 
-.PHONY: setup browser sweep ui ui-check server-check test test-fast bench bench-gpu gpu-resolve bench-gate promote rollback status clean
+.PHONY: setup browser sweep ui ui-check server-check test test-fast bench bench-gpu gpu-resolve bench-gate bench-agreement promote rollback status clean
 setup: $(STAMP)
 
 # pip byte-compiles what it installs on one core (~65 s of a first install here); --no-compile, then compileall on
@@ -113,6 +113,12 @@ gpu-resolve:
 # lower bounds that can reach 95 %, "--part accuracy" or "--part performance" for one half, "--profile quick").
 bench-gate: setup
 	$(BIN)/python -m experiments.benchmarks.gate_quality $(ARGS)
+
+# Generation agreement's error rates on known answers (experiments/benchmarks/agreement_check.py): harmless
+# changes (int8 weight-only, bf16, exact engine swaps, ONNX Runtime fp32 and int8) must pass, broken engines
+# (dropped layer, shuffled vocabulary slice, wrong rotary positions, no causal mask, truncated KV cache) fail.
+bench-agreement: setup
+	$(BIN)/python -m experiments.benchmarks.agreement_check target=$(or $(target),smollm2) --onnxruntime $(ARGS)
 
 clean:
 	rm -rf .roi outputs multirun

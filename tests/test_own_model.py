@@ -138,9 +138,25 @@ def test_a_synthetic_workload_longer_than_the_context_is_refused(qwen, tmp_path)
 
 
 # --- generation agreement ---------------------------------------------------------------------------------
-class Echo:
+class Repeat:
+    """Scores as Echo decodes: the next token is the current one, 8 nats ahead of any other."""
+    def __init__(self):
+        import torch
+
+        self.model = torch.nn.Identity()
+        self.model.device = torch.device("cpu")
+        self.serving_forward = lambda input_ids, use_cache=False: _Logits(8.0 * torch.eye(32)[input_ids])
+
+
+class _Logits:
+    def __init__(self, logits):
+        self.logits = logits
+
+
+class Echo(Repeat):
     """Greedy 'decoding' that repeats the prompt's last token, or a constant when broken."""
     def __init__(self, broken_on=()):
+        super().__init__()
         self.broken_on = set(broken_on)
 
     def generate(self, prompt_ids, max_new_tokens):
@@ -151,9 +167,9 @@ class Echo:
 def test_generation_agreement_counts_identical_greedy_outputs():
     prompts = [[i, i + 1] for i in range(20)]
     reference = BaselineGenerations.record(Echo(), prompts, tokens=6)
-    same = reference.compare(Echo())
+    same = reference.compare(Echo(), near_tie=1.0)
     assert (same.agreed, same.share, same.first_divergence) == (20, 1.0, -1.0)
-    broken = reference.compare(Echo(broken_on=range(1, 20)))
+    broken = reference.compare(Echo(broken_on=range(1, 20)), near_tie=1.0)   # 0 where the baseline was 8 nats sure
     assert broken.agreed == 1 and broken.first_divergence == 2.0
     assert judge(same, 0.5).passed and not judge(broken, 0.5).passed
     assert 0.83 < lower_bound(20, 20, 0.95) < 0.9          # Wilson: 20/20 does not prove 100 %
@@ -225,19 +241,20 @@ def test_smollm2s_gguf_tokenizer_round_trips_where_the_loaders_does_not(tmp_path
 def test_agreement_compares_the_answer_up_to_the_baselines_stop_token():
     """torch emits the stop token and goes on; ONNX Runtime bans it (min_length) and emits another: both served
     the same answer, which is what agreement compares."""
-    class EmitsStop:
+    class EmitsStop(Repeat):
         def generate(self, prompt_ids, max_new_tokens):
             for i in range(max_new_tokens):
                 yield (9 if i == 2 else prompt_ids[-1]), 0.0
 
-    class BansStop:
+    class BansStop(Repeat):
         def generate(self, prompt_ids, max_new_tokens):
             for i in range(max_new_tokens):
                 yield (7 if i == 2 else prompt_ids[-1]), 0.0
 
     reference = BaselineGenerations.record(EmitsStop(), [[1, 2]], tokens=6, stop_ids=[9])
-    assert reference.outputs == ((2, 2),) and reference.compare(BansStop()).agreed == 1
-    assert BaselineGenerations.record(BansStop(), [[1, 2]], tokens=6, stop_ids=[9]).compare(EmitsStop()).agreed == 0
+    assert reference.outputs == ((2, 2),) and reference.compare(BansStop(), near_tie=1.0).exact == 1
+    assert BaselineGenerations.record(BansStop(), [[1, 2]], tokens=6, stop_ids=[9]).compare(EmitsStop(),
+                                                                                          near_tie=1.0).exact == 0
 
 
 def test_an_lm_eval_task_whose_data_is_not_offline_is_refused_naming_the_dataset(monkeypatch):

@@ -172,7 +172,9 @@ class CausalLMScorer:
                                                              self.stop_ids)
                 self.reference = Reference(BaselineLogprobs.record(engine, self.windows), generations)
             ref = self.reference
-            agreement = ref.generations.compare(engine, st.progress) if ref.generations is not None else None
+            agreement = None
+            if ref.generations is not None:
+                agreement = ref.generations.compare(engine, float(self.agreement.near_tie), st.progress)
             return acc, Drift(ref.logprobs.compare(engine, st.progress), agreement)
 
     def score_more(self, engine, reports: list, stage, name: str) -> list:
