@@ -70,10 +70,13 @@ def _opposites(rng):
 
 
 def _neighbours(rng):
-    """The number after n (n = 1..99) and before it (n = 2..100): distractors near it, as a miscount would be."""
-    near = lambda n: [str(n + d) for d in (-2, -1, 1, 2, 10)]   # noqa: E731
-    return ([_doc(f"What number comes after {n}?", str(n + 1), near(n + 1), rng) for n in range(1, 100)]
-            + [_doc(f"What number comes before {n}?", str(n - 1), near(n - 1), rng) for n in range(2, 101)])
+    """The number after n (n = 1..99) and before it (n = 2..100): distractors near the answer, as a miscount
+    would give, but never n itself (it is in the question)."""
+    after = [_doc(f"What number comes after {n}?", str(n + 1), [str(n + d) for d in (-1, 2, 3, 10, 11)], rng)
+             for n in range(1, 100)]
+    before = [_doc(f"What number comes before {n}?", str(n - 1), [str(n + d) for d in (1, 2, -2, 9, 11)], rng)
+              for n in range(2, 101)]
+    return after + before
 
 
 def _sums(rng):
