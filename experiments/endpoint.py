@@ -15,6 +15,7 @@ from experiments.settings import check_settings
 from experiments.serving.servers import serve
 from experiments.workload import Workload
 from experiments.errors import ConfigError
+from experiments.kinds import kind_of
 from experiments.validation import load_rungs
 from experiments.targets import built_model_dir, kind_unbuilt, resolve, texts_unbuilt
 from experiments.recipe import Candidate, Env
@@ -34,7 +35,7 @@ def candidate(cfg: DictConfig, rung_names: list[str], progress) -> Candidate:
                           f"use some of: {', '.join(rungs)} (or pick another ladder=...)")
     (base_name, base), *_ = rungs.items()
     target, _, _ = resolve(cfg.target, Path(cfg.cache_dir), Path(cfg.data_dir), progress)
-    _completions_only(target)
+    _completions_only(target.name, target.kind)
     env = Env.detect()
     try:
         cand = base.apply(placed(target, cfg.target.get("device", "auto"), env))
@@ -105,9 +106,9 @@ def endpoint_tokenizer(cfg_target, cache_dir: Path, given: Path | None) -> tuple
                       "target=folder target.source=DIR")
 
 
-def _completions_only(target) -> None:
-    if not target.decodes:
-        raise ConfigError(f"target {target.name!r} is an encoder ({target.kind}); the HTTP transport speaks "
+def _completions_only(name: str, kind: str) -> None:
+    if not kind_of(kind).decodes:
+        raise ConfigError(f"target {name!r} is an encoder ({kind}); the HTTP transport speaks "
                           "/v1/completions only", "benchmark an encoder in process: roi-ladder sweep target=...")
 
 
@@ -121,9 +122,7 @@ def bench_endpoint(cfg: DictConfig, url: str, model: str | None, prompt_format: 
     check_settings(cfg, "benchmark.", "target.workload.")
     check_load(cfg.benchmark)
     check_url(url)
-    if (kind := kind_unbuilt(cfg.target)) != "causal-lm":
-        raise ConfigError(f"target {cfg.target.name!r} is an encoder ({kind}); the HTTP transport speaks "
-                          "/v1/completions only", "benchmark an encoder in process: roi-ladder sweep target=...")
+    _completions_only(str(cfg.target.name), kind_unbuilt(cfg.target))
     folder, which = endpoint_tokenizer(cfg.target, Path(cfg.cache_dir), tokenizer_dir)
     tracking.probe(cfg.tracking)        # nothing recorded until the endpoint has answered
     with console.stage("target: loading the workload"):

@@ -38,8 +38,7 @@ def check_file(path: Path) -> None:
 def check_lines(path: Path) -> None:
     """Before anything is built: every line is a well-formed request (their token counts and a chat template
     need the model's tokenizer, checked by read())."""
-    check_file(path)
-    for _ in _lines(path):
+    for _ in _lines(path):   # each line parsed; _lines checks the file is there and not empty
         pass
 
 

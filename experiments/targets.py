@@ -55,7 +55,7 @@ def resolve(cfg_target, cache_dir: Path, data_dir: Path, progress,
     source = str(cfg_target.source)
     if source == "builtin:tiny-llm":
         model_dir = model_path(source, cfg_target.build, cache_dir, progress, on_step)
-        texts = Corpus.from_stdlib(TinyLlmRecipe(**cfg_target.build).heldout_every).heldout
+        texts = texts_unbuilt(cfg_target)
         tasks = task_include_path(model_dir, data_dir / "tasks" / model_dir.name)
         return Target(cfg_target.name, cfg_target.kind, model_dir), texts, tasks
     if source == "builtin:minilm":
@@ -69,7 +69,7 @@ def resolve(cfg_target, cache_dir: Path, data_dir: Path, progress,
 
         model_dir = model_path(source, None, cache_dir, progress)
         tasks = smollm2.task_include_path(data_dir / "tasks" / model_dir.name)
-        texts = corpus_texts(cfg_target.workload.get("corpus"))
+        texts = texts_unbuilt(cfg_target)
         return Target(cfg_target.name, cfg_target.kind, model_dir), texts, tasks
     return _folder(cfg_target, cache_dir, progress)
 
