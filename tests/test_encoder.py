@@ -155,7 +155,7 @@ def test_paths_built_for_decoders_refuse_an_encoder_with_the_reason(target, tmp_
     from optimizers.openvino_engine import OpenVinoSwap
 
     with pytest.raises(ConfigError, match="/v1/completions only"):
-        _completions_only(target)
+        _completions_only(target.name, target.kind)
     ort = Candidate(target, Recipe(engine="onnxruntime"))
     assert "fp32 export only" in HalfPrecision(cpu_dtype="fp16").check(CPU, ort)
     causal = Candidate(Target("t", "causal-lm", Path("/x")), Recipe(engine="onnxruntime", batching="dynamic"))
