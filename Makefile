@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing pinned dependencies ($(BUILD) build) into $(VENV) (first time: a few minutes; a line shows progress)"
 	@{ PYTHONUNBUFFERED=1 $(BIN)/python -m pip install --no-compile --progress-bar off --disable-pip-version-check -e '.[dev,$(BUILD)]' \
-		$(INDEX_$(BUILD)) 2>&1; echo $$? > $(VENV)/pip.rc; } | $(PYTHON) experiments/install_progress.py $(VENV)/pip.log
+		$(INDEX_$(BUILD)) 2>&1; echo $$? > $(VENV)/pip.rc; } | $(PYTHON) experiments/tools/install_progress.py $(VENV)/pip.log
 	@test "$$(cat $(VENV)/pip.rc)" = 0 \
 		|| { tail -30 $(VENV)/pip.log; echo "pip install failed: see $(VENV)/pip.log"; exit 1; }
 	@$(BIN)/python -m pip install -q --no-compile --disable-pip-version-check --no-deps \
@@ -47,14 +47,14 @@ ui: setup
 # it, the runs table's DOM checked for every rung and its verdict (~4.5 min here, mostly the sweep; ARGS="--keep"
 # keeps the DOM and logs).
 ui-check: setup
-	$(BIN)/python -m experiments.ui_check $(ARGS)
+	$(BIN)/python -m experiments.tools.ui_check $(ARGS)
 
 # Server mode against a real PostgreSQL: Debian's postgresql (apt-get install when missing and root) in a scratch
 # cluster on 127.0.0.1 (run as the postgres user when root), `mlflow server` with it as backend store and its own
 # artefact store, a quick engine-swap sweep with tracking=server, its runs checked through the API and counted in
 # PostgreSQL; everything it started is stopped (~4 min here, mostly the sweep; ARGS="--keep" keeps the logs).
 server-check: setup
-	$(BIN)/python -m experiments.server_check $(ARGS)
+	$(BIN)/python -m experiments.tools.server_check $(ARGS)
 
 # Registry: `make promote [RUN=<run id>]`, `make rollback [TO=<version>] [REASON="why"]`, `make status`;
 # NAME=<registered model> for another name than roi-ladder-<target>; same target/tracking overrides as the sweep.

@@ -5,7 +5,7 @@ import os
 import sys
 from pathlib import Path
 
-from experiments.overrides import CONF_DIR
+from experiments.climb.overrides import CONF_DIR
 
 USAGE = """usage: roi-ladder COMMAND [hydra overrides]
   sweep   climb the ladder (e.g. roi-ladder sweep profile=quick; --multirun target=a,b)
@@ -24,8 +24,8 @@ USAGE = """usage: roi-ladder COMMAND [hydra overrides]
 
 
 def main() -> None:
-    from experiments.interrupts import exit_on_sigterm
-    from experiments.secrets import guard_console
+    from experiments.core.interrupts import exit_on_sigterm
+    from experiments.core.secrets import guard_console
 
     exit_on_sigterm()
 
@@ -49,8 +49,8 @@ def _command(command: str, rest: list[str]) -> int:
     if command in HTTP_COMMANDS:
         return _http_command(command, rest)
     if command == "ui":
-        from experiments.console import quiet_libraries
-        from experiments.ui import serve_ui
+        from experiments.record.console import quiet_libraries
+        from experiments.record.ui import serve_ui
 
         quiet_libraries()
         return serve_ui(_compose(rest))
@@ -64,9 +64,9 @@ def guarded(work) -> int:
     unexpected failure exits 1 with its traceback kept in a file."""
     from hydra.errors import HydraException
 
-    from experiments.errors import ConfigError
-    from experiments.interrupts import Terminated
-    from experiments.overrides import explain
+    from experiments.climb.overrides import explain
+    from experiments.core.errors import ConfigError
+    from experiments.core.interrupts import Terminated
 
     try:
         return work() or 0
@@ -96,7 +96,7 @@ def crashed(exc: BaseException) -> int:
     import tempfile
     import traceback
 
-    from experiments.secrets import scrub_text
+    from experiments.core.secrets import scrub_text
 
     with tempfile.NamedTemporaryFile("w", prefix="roi-ladder-traceback-", suffix=".txt", delete=False) as f:
         f.write(scrub_text("".join(traceback.format_exception(exc))))
@@ -116,8 +116,8 @@ def _registry_command(command: str, argv: list[str]) -> int:
     """promote / rollback / status: flags via argparse, everything else is a Hydra override."""
     import argparse
 
-    from experiments import registry
-    from experiments.console import quiet_libraries
+    from experiments.record import registry
+    from experiments.record.console import quiet_libraries
 
     parser = argparse.ArgumentParser(prog=f"roi-ladder {command}", allow_abbrev=False,
                                      epilog="other arguments are Hydra overrides, e.g. data_dir=... target=...")
@@ -155,8 +155,8 @@ def _http_command(command: str, argv: list[str]) -> int:
     """serve / bench --endpoint: flags via argparse, everything else is a Hydra override."""
     import argparse
 
-    from experiments import endpoint
-    from experiments.console import SweepConsole, level_table, quiet_libraries
+    from experiments.climb import endpoint
+    from experiments.record.console import SweepConsole, level_table, quiet_libraries
     from experiments.serving.http_client import PROMPT_FORMATS
     from experiments.serving.http_server import DEFAULT_HOST
 
@@ -197,7 +197,7 @@ def _http_command(command: str, argv: list[str]) -> int:
 
 
 def _compose(overrides: list[str]):
-    from experiments.overrides import compose
+    from experiments.climb.overrides import compose
 
     return compose(overrides)
 
@@ -207,7 +207,7 @@ def _sweep_app() -> int:
     its own error (whose "Error executing job with overrides: [...]" line would echo a password)."""
     import hydra
 
-    from experiments.overrides import check_sweep_args
+    from experiments.climb.overrides import check_sweep_args
 
     check_sweep_args(sys.argv[1:])
     codes: list[int] = []
@@ -215,7 +215,7 @@ def _sweep_app() -> int:
 
     @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
     def sweep(cfg) -> None:
-        from experiments.secrets import guard_console
+        from experiments.core.secrets import guard_console
 
         guard_console()          # again: a launcher (joblib, submitit) may run the job in a process of its own
         scrub_hydra_record()
@@ -244,7 +244,7 @@ def scrub_hydra_record() -> None:
 
     from hydra.core.hydra_config import HydraConfig
 
-    from experiments.secrets import scrub_text
+    from experiments.core.secrets import scrub_text
 
     hydra_cfg = HydraConfig.get()
     saved = [Path(hydra_cfg.sweep.dir) / "multirun.yaml"]   # a multirun's, written before its first job
@@ -255,9 +255,9 @@ def scrub_hydra_record() -> None:
 
 
 def _sweep_job(cfg) -> int:
-    from experiments.console import SweepConsole, quiet_libraries
-    from experiments.errors import SweepInterrupted
-    from experiments.ladder import run_sweep
+    from experiments.climb.ladder import run_sweep
+    from experiments.core.errors import SweepInterrupted
+    from experiments.record.console import SweepConsole, quiet_libraries
 
     quiet_libraries()
     ui = SweepConsole()

@@ -1,6 +1,6 @@
 """The tiny common interface every rung implements.
 
-An Optimizer edits a candidate's recipe (experiments/recipe.py) and says, through `check`, when it does not
+An Optimizer edits a candidate's recipe (experiments/core/recipe.py) and says, through `check`, when it does not
 apply: its own ordering rules and the machine, then the engine's answer about the candidate it would produce
 (experiments.serving.refusal: each engine owns its limits).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from experiments.recipe import Candidate, Env
+from experiments.core.recipe import Candidate, Env
 
 
 class Optimizer(ABC):

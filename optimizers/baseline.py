@@ -1,7 +1,7 @@
 """The first rung: the model as it is, torch eager, on the device `target.device` chose — the champion every rung
 must beat. On a GPU at the checkpoint's own dtype (what serving it unoptimized means there); on the CPU in fp32,
 whose half-precision kernels are few (bf16 there is the half_precision rung's to try)."""
-from experiments.recipe import Candidate
+from experiments.core.recipe import Candidate
 from optimizers.base import Optimizer
 from optimizers.placement import native_precision
 

@@ -9,7 +9,7 @@ iteration-level schedulers (`scheduler`): transformers' continuous-batching mana
 our own over a left-padded batched KV cache (experiments/serving/iteration.py) — since onnxruntime-genai's
 CPU Engine batches statically only.
 """
-from experiments.recipe import Candidate, Env
+from experiments.core.recipe import Candidate, Env
 from optimizers.base import Optimizer
 
 KINDS = ("static", "dynamic", "continuous")

@@ -1,6 +1,6 @@
 """CUDA Graph: the decode step captured once and replayed over a static KV cache allocated once per engine
 (experiments/serving/cuda_graph_engine.py). Launch overhead is what it removes, so it exists only on a CUDA device."""
-from experiments.recipe import Candidate, Env
+from experiments.core.recipe import Candidate, Env
 from optimizers.base import Optimizer
 
 

@@ -2,11 +2,11 @@
 
 The seed keeps model-structure changes for when the model layer itself is the bottleneck: this rung runs only
 when, in the champion's benchmark, model compute dominates end-to-end time, the SLA is still unmet and no resource-layer shape
-(experiments/diagnose.py) points elsewhere (or when `force` says so); otherwise it is skipped with the numbers. The student is an ordinary model folder, so the
+(experiments/analyse/diagnose.py) points elsewhere (or when `force` says so); otherwise it is skipped with the numbers. The student is an ordinary model folder, so the
 champion's recipe (engine, precision, batching, ...) runs it unchanged, and the same gate judges it: on accuracy,
 since a retrained model says other things by design. Without an accuracy task there is no bar for it to clear,
 so the rung does not run (and a sweep that forces or requires it is refused before any work). The student
-learns from the target's own text (experiments/distill_data.py), recorded on the run with its token count.
+learns from the target's own text (experiments/targets/distill_data.py), recorded on the run with its token count.
 """
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from experiments.names import Metric
-from experiments.recipe import Candidate, Env
+from experiments.core.names import Metric
+from experiments.core.recipe import Candidate, Env
+from experiments.targets.kinds import kind_of
 from optimizers.base import Optimizer
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class Evidence:
 
     @classmethod
     def from_bench(cls, bench, resource_rules=None) -> "Evidence":
-        from experiments.diagnose import POINTS_AWAY_FROM_MODEL, default_rules, resource_layer
+        from experiments.analyse.diagnose import POINTS_AWAY_FROM_MODEL, default_rules, resource_layer
 
         layer = resource_layer(bench.levels, resource_rules or default_rules().resource)
         away = tuple(f.brief() for f in layer.fired if f.rule in POINTS_AWAY_FROM_MODEL)
@@ -90,8 +91,8 @@ class Distillation(Optimizer):
                  stdlib_heldout_every: int | None = None, force: bool = False, model_share_min: float = 0.7,
                  resource_rules=None, accuracy_tasks=(), accuracy_include_path: str | None = None,
                  accuracy_limit: int | None = None, workload_prompts=None, workload_corpus: str | None = None):
-        from experiments.distill import DistillSettings
-        from experiments.distill_data import Sources
+        from experiments.targets.distill_data import Sources
+        from experiments.targets.models.student import DistillSettings
 
         if not 0 < model_share_min <= 1:
             raise ValueError(f"model_share_min must be in (0, 1], got {model_share_min}")
@@ -128,7 +129,7 @@ class Distillation(Optimizer):
 
     def check(self, env: Env, cand: Candidate) -> str | None:
         self.decision, self.training = "", None
-        if not cand.target.decodes:
+        if not kind_of(cand.target.kind).decodes:
             return (f"distillation here trains a causal-LM student on next-token targets; the target is an encoder "
                     f"({cand.target.kind})")
         if self.name in cand.rungs:
@@ -161,7 +162,7 @@ class Distillation(Optimizer):
 
     def with_training_text(self, cand: Candidate, decision: str) -> str | None:
         """Once the rung would run: the text its student learns from (None), or why there is none."""
-        from experiments.distill_data import NoTrainingText, training_text
+        from experiments.targets.distill_data import NoTrainingText, training_text
 
         try:
             self.training = training_text(self.sources, Path(cand.target.model_dir))
@@ -182,8 +183,8 @@ class Distillation(Optimizer):
         return cand
 
     def apply(self, cand: Candidate) -> Candidate:
-        from experiments.distill import distill
-        from experiments.distill_data import training_text
+        from experiments.targets.distill_data import training_text
+        from experiments.targets.models.student import distill
 
         if self.training is None:   # applied without `check`
             self.training = training_text(self.sources, Path(cand.target.model_dir))

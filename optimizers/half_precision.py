@@ -1,6 +1,6 @@
 """FP16 / BF16 weights and activations: bf16 on CPU, bf16 or fp16 on a GPU (both set in the rung's YAML). bf16 on a
 GPU by default: torchao's int4 kernel computes in bf16 only, and bf16 keeps fp32's range."""
-from experiments.recipe import Candidate, Env
+from experiments.core.recipe import Candidate, Env
 from optimizers.base import Optimizer
 
 HALF = ("bf16", "fp16")

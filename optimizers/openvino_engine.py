@@ -3,7 +3,7 @@
 weights compressed by NNCF at the quantization rungs."""
 from importlib.util import find_spec
 
-from experiments.recipe import Candidate, Env
+from experiments.core.recipe import Candidate, Env
 from optimizers.base import Optimizer
 
 

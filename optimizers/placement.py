@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from experiments.recipe import Candidate, Env, Recipe, Target
+from experiments.core.recipe import Candidate, Env, Recipe, Target
 
 DEVICE = re.compile(r"(auto|cpu|cuda)(?::(\d+))?")
 NATIVE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}

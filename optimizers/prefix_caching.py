@@ -1,6 +1,6 @@
 """Prefix caching: full KV blocks of a prompt prefix already in the paged cache are shared, not recomputed,
 so a shared system prompt costs its prefill once (measure it with target.workload.shared_prefix_tokens)."""
-from experiments.recipe import Candidate, Env
+from experiments.core.recipe import Candidate, Env
 from optimizers.base import Optimizer
 
 

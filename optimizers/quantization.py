@@ -8,7 +8,7 @@
 |        |                                     |                     |                     | layout (bf16 champion only)         |
 | fp8    | no FP8 path: not applicable         | no FP8 path: n/a    | no kernel: n/a      | torchao float8 (compute cap >= 8.9) |
 """
-from experiments.recipe import Candidate, Env
+from experiments.core.recipe import Candidate, Env
 from optimizers.base import Optimizer
 
 SCHEMES = ("int8", "int4", "fp8")

@@ -7,7 +7,7 @@ alone (half precision is a rung of its own).
 """
 import importlib.util
 
-from experiments.recipe import Candidate, Env
+from experiments.core.recipe import Candidate, Env
 from optimizers.base import Optimizer
 
 

@@ -1,5 +1,5 @@
 """Engine swap inside torch: eager -> torch.compile (inductor). Compile time is paid at build, reported apart."""
-from experiments.recipe import Candidate, Env
+from experiments.core.recipe import Candidate, Env
 from optimizers.base import Optimizer
 
 

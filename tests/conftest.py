@@ -35,7 +35,7 @@ def compose(overrides=()):
 
 
 def built_model() -> Path:
-    from experiments.models.tiny_llm import TinyLlmRecipe, ensure_built
+    from experiments.targets.models.tiny_llm import TinyLlmRecipe, ensure_built
 
     cfg = compose(["data_dir=/tmp/unused"])
     return ensure_built(TinyLlmRecipe(**cfg.target.build), SHARED_CACHE, print)
@@ -56,7 +56,7 @@ def model_dir():
 
 @pytest.fixture(scope="session")
 def tiny_target(model_dir):
-    from experiments.recipe import Target
+    from experiments.core.recipe import Target
 
     return Target("tiny-llm", "causal-lm", model_dir)
 

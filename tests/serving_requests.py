@@ -1,5 +1,5 @@
 """Requests for scheduler tests: a prompt of consecutive token ids, and waiting for one to finish cleanly."""
-from experiments.serving.request import Prompt
+from experiments.core.request import Prompt
 
 
 def prompt(i, n_in, n_out, start=5):

@@ -5,14 +5,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import compose
 from omegaconf import OmegaConf
 
-from conftest import compose
-from experiments.accuracy import AccuracyReport, check_tasks, evaluate
-from experiments.errors import ConfigError
-from experiments.gate import Gate, check_config
+from experiments.core.errors import ConfigError
+from experiments.judge.accuracy import AccuracyReport, check_tasks, evaluate
+from experiments.judge.gate import Gate, check_config
 
-SHIPPED_TASK = Path(__file__).resolve().parents[1] / "experiments" / "models" / "tasks" / "tiny_llm_nextline.yaml"
+SHIPPED_TASK = Path(__file__).resolve().parents[1] / "experiments" / "targets" / "models" / "tasks" / "tiny_llm_nextline.yaml"
 Z95 = 1.6448536269514722          # one-sided 95 % normal quantile
 
 
@@ -67,7 +67,7 @@ def test_a_local_task_folder_is_found_and_scored_via_include_path(tmp_path, mode
     from lm_eval.models.huggingface import HFLM
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from experiments.models.tiny_llm import task_dir
+    from experiments.targets.models.tiny_llm import task_dir
 
     shipped = (task_dir(model_dir) / "tiny_llm_nextline.jsonl").read_text().splitlines()
     folder = local_task(tmp_path / "tasks", "my_nextline", [json.loads(line) for line in shipped[:12]])
@@ -86,7 +86,7 @@ def test_a_local_task_folder_is_found_and_scored_via_include_path(tmp_path, mode
 
 # --- gate configuration -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("override, words", [
-    # types and ranges: the settings table's words (experiments/settings.py), as the sweep's validation says them
+    # types and ranges: the settings table's words (experiments/core/settings.py), as the sweep's validation says them
     ("gate.accuracy.max_drop_abs=abc", "max_drop_abs='abc' is not a number (or null) >= 0"),
     ("gate.accuracy.max_drop_rel=five", "max_drop_rel='five' is not a number (or null) in [0, 1]"),
     ("gate.accuracy.max_drop_abs=-0.01", "max_drop_abs=-0.01 is not a number (or null) >= 0"),
@@ -105,7 +105,7 @@ def test_bad_gate_config_is_refused_with_what_to_do(override, words):
 
 
 def test_the_shipped_gate_config_passes_and_the_ladder_validates_it(tmp_path):
-    from experiments.validation import validate
+    from experiments.climb.validation import validate
 
     check_config(compose().gate)
     check_config(compose(["gate.accuracy.max_drop_rel=0.05"]).gate)

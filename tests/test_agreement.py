@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from experiments.agreement import BaselineGenerations, judge, lower_bound
+from experiments.judge.agreement import BaselineGenerations, judge, lower_bound
 
 V = 16
 NEAR_TIE = 1.0

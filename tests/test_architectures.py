@@ -4,14 +4,14 @@ batching, within a stated agreement for a changed numeric format; or the rung re
 Distillation's student, the roofline's shape and the memory estimate are read from either model."""
 import json
 
+import own_models
 import pytest
 import torch
 
-import own_models
+from experiments.core.recipe import Candidate, Env, Target
+from experiments.core.request import Prompt
 from experiments.serving import build_engine
-from experiments.serving.request import Prompt
 from experiments.serving.servers import serve
-from experiments.recipe import Candidate, Env, Target
 from optimizers.baseline import EagerBaseline
 from optimizers.batching import Batching
 from optimizers.half_precision import HalfPrecision
@@ -85,7 +85,7 @@ def decoded(engine, prompts) -> list[list[int]]:
 def agreed_share(reference, got, stop: int) -> float:
     """Tokens equal to the reference's up to each prompt's first difference, over all reference tokens; the
     reference cut at its first stop token (torch emits it and goes on, onnxruntime-genai bans it: both served the
-    same answer, as experiments/agreement.py compares)."""
+    same answer, as experiments/judge/agreement.py compares)."""
     reference = [ref[:ref.index(stop)] if stop in ref else ref for ref in reference]
     same = 0
     for ref, out in zip(reference, got):
@@ -117,7 +117,7 @@ def test_each_cpu_rung_decodes_the_baselines_tokens_or_refuses_naming_the_archit
 def test_distillation_keeps_a_subset_of_either_decoders_layers(folder, prompts, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from experiments.distill import DistillSettings, distill
+    from experiments.targets.models.student import DistillSettings, distill
 
     settings = DistillSettings(student_layers=1, steps=2, seq_len=32, batch_size=2, lr=1e-3, temperature=2.0,
                                alpha=0.9, seed=0)
@@ -133,8 +133,8 @@ def test_distillation_keeps_a_subset_of_either_decoders_layers(folder, prompts, 
 def test_the_roofline_shape_and_the_memory_estimate_read_either_config(folder):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from experiments.memory_fit import parameter_count
-    from experiments.roofline import ModelShape
+    from experiments.analyse.memory_fit import parameter_count
+    from experiments.analyse.roofline import ModelShape
 
     config = AutoConfig.from_pretrained(folder)
     shape = ModelShape.from_config(config)

@@ -10,14 +10,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from conftest import REPO, compose
 from omegaconf import OmegaConf
 
-from conftest import REPO, compose
-from experiments import cli, tracking
-from experiments.artefacts import cached
-from experiments.errors import ConfigError
-from experiments.validation import validate
-from experiments.recipe import Env
+from experiments import cli
+from experiments.climb.validation import validate
+from experiments.core.artefacts import cached
+from experiments.core.errors import ConfigError
+from experiments.core.recipe import Env
+from experiments.record import tracking
 
 CPU = Env(cuda=False, cuda_capability=None, cpu_count=2)
 GPU = Env(cuda=True, cuda_capability=(9, 0), cpu_count=16)
@@ -229,8 +230,8 @@ def numeric_leaves(node, prefix: str = ""):
 
 
 # numbers that are not settings a user tunes: a rung's own arguments (checked by its class) and the model build;
-# null words checked by their own readers (a kind by experiments.kinds, a corpus path by its reader, the gated
-# metric by gate.check_config and experiments/task_metrics.py)
+# null words checked by their own readers (a kind by experiments.targets.kinds, a corpus path by its reader, the gated
+# metric by gate.check_config and experiments/judge/task_metrics.py)
 NOT_TABLED = ("ladder.*", "target.build.*", "isolation.rungs", "accuracy.include_path", "hardware.peak_*",
               "benchmark.slos", "diagnosis.next_rung.*", "target.workload.corpus",
               "target.kind", "gate.accuracy.metric")
@@ -240,10 +241,10 @@ NOT_TABLED = ("ladder.*", "target.build.*", "isolation.rungs", "accuracy.include
 def test_every_numeric_setting_in_conf_has_a_type_and_a_range(target):
     from fnmatch import fnmatch
 
+    from conftest import CONF_DIR
     from hydra import compose as hydra_compose, initialize_config_dir
 
-    from conftest import CONF_DIR
-    from experiments.settings import SETTINGS
+    from experiments.core.settings import SETTINGS
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = hydra_compose(config_name="config", overrides=["data_dir=/tmp/unused", f"target={target}",
@@ -251,7 +252,7 @@ def test_every_numeric_setting_in_conf_has_a_type_and_a_range(target):
     tabled = [s.key for s in SETTINGS] + list(NOT_TABLED)
     missing = [k for k in numeric_leaves(OmegaConf.to_container(cfg, resolve=True))
                if not any(fnmatch(k, pattern) for pattern in tabled)]
-    assert not missing, f"add these to experiments/settings.py SETTINGS: {missing}"
+    assert not missing, f"add these to experiments/core/settings.py SETTINGS: {missing}"
 
 
 @pytest.mark.parametrize("override, message", [
@@ -366,7 +367,7 @@ def test_an_unexpected_error_is_one_line_with_its_traceback_in_a_file(monkeypatc
 def test_the_console_and_logs_are_scrubbed(capsys):
     import logging
 
-    from experiments.secrets import guard_console
+    from experiments.core.secrets import guard_console
 
     guard_console()
     print(f"store at postgresql://u:{PLANTED}@db/x, token=hf_{'a' * 24}")
@@ -420,9 +421,8 @@ def test_an_unwritable_sqlite_store_is_refused(tmp_path):
 def test_a_sweep_whose_baseline_fails_exits_non_zero_with_the_reason_last(tmp_path):
     import os
 
-    from mlflow.tracking import MlflowClient
-
     from conftest import REPO, SHARED_CACHE
+    from mlflow.tracking import MlflowClient
 
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run([sys.executable, "-m", "experiments.cli", "sweep", "profile=quick", "ladder=engine-swap",
@@ -459,8 +459,8 @@ def test_a_multirun_of_refusals_echoes_no_password_and_exits_2(tmp_path):
     ("gate.objective.stat=p42", "gate.objective.stat 'p42' is unknown. use one of ('mean', 'p50', 'p95', 'p99')"),
 ])
 def test_word_settings_are_one_of_their_choices_from_the_settings_table(override, message):
-    from experiments.errors import ConfigError
-    from experiments.settings import check_settings
+    from experiments.core.errors import ConfigError
+    from experiments.core.settings import check_settings
 
     with pytest.raises(ConfigError) as err:
         check_settings(compose([override]), "benchmark.", "gate.")

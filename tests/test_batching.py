@@ -2,13 +2,13 @@
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.benchmark import run_benchmark
-from experiments.serving.request import Prompt
-from experiments.serving.servers import SequentialServer, serve
-from experiments.workload import Workload
+from experiments.core.recipe import Candidate, Env
+from experiments.core.request import Prompt
+from experiments.measure.benchmark import run_benchmark
 from experiments.serving import build_engine
 from experiments.serving.batching import BatchingServer
-from experiments.recipe import Candidate, Env
+from experiments.serving.servers import SequentialServer, serve
+from experiments.targets.workload import Workload
 from optimizers.baseline import EagerBaseline
 from optimizers.batching import Batching
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap

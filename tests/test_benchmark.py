@@ -4,10 +4,11 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.benchmark import run_benchmark
-from experiments.serving.request import Prompt
-from experiments.workload import Workload
+from experiments.core.request import Prompt
+from experiments.measure.benchmark import run_benchmark
+from experiments.record import benchmark_log
 from experiments.serving.engine import Engine
+from experiments.targets.workload import Workload
 
 CFG = OmegaConf.create({"concurrency": [1, 3], "warmup_requests": 2, "warmup_s": 0.0, "min_requests": 12,
                         "min_duration_s": 0.0, "max_duration_s": 30.0, "request_timeout_s": 5.0})
@@ -61,7 +62,7 @@ def test_errors_are_counted_and_kept_out_of_percentiles():
     lv = report.level(1)
     assert 0.1 < lv.error_rate < 0.35
     assert lv.stats["e2e_ms"].n == lv.n_ok < len(lv.records)
-    assert "scripted failure" in report.samples_csv()
+    assert "scripted failure" in benchmark_log.samples_csv(report)
 
 
 def test_timeouts_are_counted():
@@ -71,7 +72,7 @@ def test_timeouts_are_counted():
 
 
 def test_metric_series_are_stepped_by_concurrency():
-    series = run_benchmark(ScriptedEngine(), workload(), CFG).metric_series()
+    series = benchmark_log.metric_series(run_benchmark(ScriptedEngine(), workload(), CFG))
     assert [step for step, _ in series["output_tokens_per_s"]] == [1, 3]
     assert all(v > 0 for _, v in series["ttft_ms_p50"])
 

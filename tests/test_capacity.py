@@ -4,12 +4,11 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.benchmark import BenchmarkReport
-from experiments.level import LevelReport
-from experiments.serving.request import Prompt, RequestRecord
-from experiments.capacity import check_config, plan
-from experiments.errors import ConfigError
-from experiments.slo import parse_all
+from experiments.analyse.capacity import check_config, plan
+from experiments.core.errors import ConfigError
+from experiments.core.reports import BenchmarkReport, LevelReport
+from experiments.core.request import Prompt, RequestRecord
+from experiments.core.slo import parse_all
 
 CFG = OmegaConf.create({"peak_qps": 200, "sla_tier": "interactive", "headroom": 1.25,
                         "price_per_replica_hour": 2.0,

@@ -1,16 +1,16 @@
 from pathlib import Path
 
 import pytest
+from conftest import compose
 from hydra.errors import ConfigCompositionException
 
-from conftest import compose
-from experiments.errors import ConfigError
-from experiments.validation import load_rungs, validate
-from experiments.recipe import Candidate, Env, Recipe, Target
+from experiments.climb.validation import load_rungs, validate
+from experiments.core.errors import ConfigError
+from experiments.core.recipe import Candidate, Env, Recipe, Target
 from optimizers.base import Optimizer
 from optimizers.baseline import EagerBaseline
-from optimizers.quantization import WeightQuantization
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
+from optimizers.quantization import WeightQuantization
 
 LADDER = ["baseline", "torch_compile", "onnxruntime", "openvino", "tensorrt", "static_batching", "dynamic_batching",
           "continuous_batching", "cuda_graph", "half_precision", "int8", "int4", "fp8", "prefix_caching", "distillation"]

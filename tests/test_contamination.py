@@ -5,7 +5,6 @@ challenger, no faster at all, was accepted; each run in a process of its own mea
 import subprocess
 
 import pytest
-
 from conftest import REPO
 from test_resilience import _cmd, _env, _runs
 

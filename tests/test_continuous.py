@@ -3,17 +3,17 @@ import math
 import time
 
 import pytest
+from serving_requests import prompt, wait
 
+from experiments.core.recipe import Candidate, Env, Recipe
+from experiments.core.request import Prompt
 from experiments.serving import refusal
-from experiments.serving.request import Prompt
-from experiments.serving.servers import serve
 from experiments.serving.continuous import ContinuousServer
+from experiments.serving.servers import serve
 from experiments.serving.torch_engine import TorchEngine
-from experiments.recipe import Candidate, Env, Recipe
 from optimizers.batching import Batching
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 from optimizers.prefix_caching import PrefixCaching
-from serving_requests import prompt, wait
 
 BLOCK = 16
 

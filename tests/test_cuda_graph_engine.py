@@ -6,8 +6,8 @@ import types
 
 import pytest
 
+from experiments.core.recipe import Candidate, Recipe
 from experiments.serving import build_engine, cuda_graph_engine
-from experiments.recipe import Candidate, Recipe
 
 
 def replaying_capture(step):

@@ -5,11 +5,11 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.benchmark import run_benchmark
-from experiments.resources import ResourceSeries
-from experiments.diagnose import default_rules, diagnose, resource_layer
-from experiments.profiling import ort_ops, profile_decode
-from experiments.roofline import Hardware, ModelShape, Roofline
+from experiments.analyse.diagnose import default_rules, diagnose, resource_layer
+from experiments.analyse.profiling import ort_ops, profile_decode
+from experiments.analyse.roofline import Hardware, ModelShape, Roofline
+from experiments.core.reports import ResourceSeries
+from experiments.measure.benchmark import run_benchmark
 
 RULES = default_rules()
 TINY = ModelShape(layers=4, hidden=192, intermediate=512, heads=3, kv_heads=3, head_dim=64, vocab=2048,
@@ -160,8 +160,9 @@ def test_a_real_benchmark_records_samples_and_diagnoses_queueing():
 @pytest.mark.parametrize("engine_name", ["torch", "onnxruntime"])
 def test_decode_step_profile_of_the_tiny_model(tiny_target, engine_name):
     from conftest import SHARED_CACHE
+
+    from experiments.core.recipe import Candidate
     from experiments.serving import build_engine
-    from experiments.recipe import Candidate
 
     engine = build_engine(Candidate(tiny_target).edited("x", engine=engine_name), 1, SHARED_CACHE / "artefacts")
     try:
@@ -193,9 +194,9 @@ def test_ort_trace_keeps_only_the_last_runs():
 def test_distillation_skips_when_the_resource_layer_points_elsewhere(tiny_target):
     from dataclasses import asdict
 
-    from experiments.distill import DistillSettings
-    from experiments.slo import SLO
-    from experiments.recipe import Candidate, Env
+    from experiments.core.recipe import Candidate, Env
+    from experiments.core.slo import SLO
+    from experiments.targets.models.student import DistillSettings
     from optimizers.distillation import Distillation
 
     quick = DistillSettings(2, 10, 64, 4, 1e-3, 2.0, 0.9, 0)

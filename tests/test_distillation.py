@@ -9,12 +9,19 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.distill import (DistillSettings, distill, init_student, kept_layers, mean_kl, student_key,
-                                 token_stream)
-from experiments.models.corpus import Corpus
-from experiments.cache import manifest_ok
-from experiments.slo import SLO
-from experiments.recipe import Candidate, Env, Recipe, Target
+from experiments.core.cache import manifest_ok
+from experiments.core.recipe import Candidate, Env, Recipe, Target
+from experiments.core.slo import SLO
+from experiments.targets.models.corpus import Corpus
+from experiments.targets.models.student import (
+    DistillSettings,
+    distill,
+    init_student,
+    kept_layers,
+    mean_kl,
+    student_key,
+    token_stream,
+)
 from optimizers.distillation import Distillation
 from tests.conftest import compose
 
@@ -229,7 +236,7 @@ def test_skips_without_evidence_or_where_it_cannot_apply(tiny_target):
 
 
 def test_rung_is_built_from_its_yaml(tmp_path):
-    from experiments.validation import load_rungs
+    from experiments.climb.validation import load_rungs
 
     cfg = compose([f"data_dir={tmp_path}"])
     name, opt = load_rungs(cfg)[-1]
@@ -243,7 +250,7 @@ def test_rung_is_built_from_its_yaml(tmp_path):
 def test_any_causal_lm_gets_a_half_depth_student_and_only_the_builtins_train_on_the_stdlib():
     """The built-ins' students learn from the standard library's training split (tiny-llm was trained on it; their
     prompts and fidelity windows are its held-out files); a user's folder, from its own text."""
-    from experiments.validation import load_rungs
+    from experiments.climb.validation import load_rungs
 
     for target in ("smollm2", "folder"):
         overrides = ["target.source=/nowhere"] if target == "folder" else []

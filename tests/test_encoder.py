@@ -4,18 +4,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import compose
 from omegaconf import OmegaConf
 
-from conftest import compose
-from experiments.benchmark import run_benchmark
-from experiments.workload import Workload
-from experiments.embedding_eval import BaselineEmbeddings, judge_cosine
-from experiments.errors import ConfigError
-from experiments.validation import load_rungs
-from experiments.models.minilm import RetrievalSet, model_dir
+from experiments.climb.validation import load_rungs
+from experiments.core.errors import ConfigError
+from experiments.core.recipe import Candidate, Env, Recipe, Target
+from experiments.judge.embedding_eval import BaselineEmbeddings, judge_cosine
+from experiments.measure.benchmark import run_benchmark
+from experiments.record import benchmark_log
 from experiments.serving import build_engine
-from experiments.targets import check_source
-from experiments.recipe import Candidate, Env, Recipe, Target
+from experiments.targets.models.minilm import RetrievalSet, model_dir
+from experiments.targets.resolve import check_source
+from experiments.targets.workload import Workload
 
 CPU = Env(cuda=False, cuda_capability=None, cpu_count=2)
 SENTENCES = ["The quick brown fox jumps over the lazy dog.", "Return the absolute value of a number.",
@@ -90,10 +91,10 @@ def test_dynamic_batching_report_fits_an_encoder(target, tokenizer, tmp_path):
     assert set(c8.stats) == {"e2e_ms", "queue_ms", "model_ms", "batch_ms"}      # no TTFT / TPOT / ITL
     assert c1.batch_size_mean == 1 and c8.batch_size_mean > 2                   # concurrent requests share a batch
     assert len(c8.values("batch_ms")) < c8.n_ok                                 # one latency per batch
-    series = report.metric_series()
+    series = benchmark_log.metric_series(report)
     assert "embeddings_per_s" in series and "batch_ms_p50" in series and "input_tokens_per_s" in series
     assert not [k for k in series if k.startswith(("ttft", "tpot", "itl", "output_tokens"))]
-    rows = report.samples_csv().splitlines()
+    rows = benchmark_log.samples_csv(report).splitlines()
     assert all(row.split(",")[5] == "" for row in rows[1:])                     # the ttft_ms column stays empty
 
 
@@ -128,7 +129,7 @@ def test_bad_embedding_config_is_refused_before_work(tmp_path):
     cfg = compose(["target=minilm", "target.kind=causal-lm", f"data_dir={tmp_path}"])
     with pytest.raises(ConfigError, match="does not match builtin:minilm"):
         check_source(cfg.target)
-    from experiments.validation import validate
+    from experiments.climb.validation import validate
 
     cfg = compose(["target=minilm", "target.scoring.recall_at=[0]", f"data_dir={tmp_path}"])
     with pytest.raises(ConfigError, match="recall_at"):
@@ -139,8 +140,8 @@ def test_bad_embedding_config_is_refused_before_work(tmp_path):
 
 
 def test_slos_on_latencies_an_encoder_lacks_are_left_out():
-    from experiments.names import ENCODER_METRICS, LATENCY_METRICS
-    from experiments.slo import applicable, parse_all
+    from experiments.core.names import ENCODER_METRICS, LATENCY_METRICS
+    from experiments.core.slo import applicable, parse_all
 
     slos = parse_all(["p95_ttft_ms<=100", "p99_e2e_ms<=500", "p50_tpot_ms<=5"])
     kept, left_out = applicable(slos, ENCODER_METRICS)
@@ -150,7 +151,7 @@ def test_slos_on_latencies_an_encoder_lacks_are_left_out():
 
 
 def test_paths_built_for_decoders_refuse_an_encoder_with_the_reason(target, tmp_path):
-    from experiments.endpoint import _completions_only
+    from experiments.climb.endpoint import _completions_only
     from optimizers.half_precision import HalfPrecision
     from optimizers.openvino_engine import OpenVinoSwap
 
@@ -160,7 +161,7 @@ def test_paths_built_for_decoders_refuse_an_encoder_with_the_reason(target, tmp_
     assert "fp32 export only" in HalfPrecision(cpu_dtype="fp16").check(CPU, ort)
     causal = Candidate(Target("t", "causal-lm", Path("/x")), Recipe(engine="onnxruntime", batching="dynamic"))
     assert "onnxruntime-genai's Engine" in OpenVinoSwap().check(CPU, causal)
-    from experiments import kinds
+    from experiments.targets import kinds
 
     cfg = compose(["target=minilm", "target.scoring.queries=4", "target.scoring.recall_at=[1,5]",
                    f"data_dir={tmp_path}"])

@@ -6,13 +6,13 @@ import onnx
 import pytest
 import torch
 
+from experiments.core.recipe import Candidate
 from experiments.serving import build_engine
 from experiments.serving.ort_engine import OrtGenaiEngine
 from experiments.serving.torch_engine import TorchEngine
-from experiments.recipe import Candidate
 from optimizers.baseline import EagerBaseline
-from optimizers.quantization import WeightQuantization
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
+from optimizers.quantization import WeightQuantization
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["def __init__(self, name):\n", "import os\nimport sys\n\n", "    for i in range(len(items)):\n"]

@@ -6,9 +6,17 @@ import types
 import numpy as np
 import pytest
 
-from experiments.accuracy import mlflow_name
-from experiments.fidelity import (BaselineLogprobs, FidelityReport, fidelity, fixed_sequences, judge,
-                                  kl_per_position, mean_and_se, sequence_logprobs)
+from experiments.judge.accuracy import mlflow_name
+from experiments.judge.fidelity import (
+    BaselineLogprobs,
+    FidelityReport,
+    fidelity,
+    fixed_sequences,
+    judge,
+    kl_per_position,
+    mean_and_se,
+    sequence_logprobs,
+)
 
 MAX_KL, MIN_TOP1 = 0.01, 0.90       # the values suggested for conf/gate/default.yaml
 N_SEQUENCES, LENGTH = 32, 128
@@ -104,11 +112,12 @@ def test_metric_names_are_mlflow_safe_and_namespaced():
 @pytest.fixture(scope="module")
 def engines(tiny_target):
     from conftest import SHARED_CACHE
+
+    from experiments.core.recipe import Candidate
     from experiments.serving import build_engine
-    from experiments.recipe import Candidate
     from optimizers.baseline import EagerBaseline
-    from optimizers.quantization import WeightQuantization
     from optimizers.onnxruntime_engine import OnnxRuntimeSwap
+    from optimizers.quantization import WeightQuantization
 
     base = EagerBaseline().apply(Candidate(tiny_target))
     ort = OnnxRuntimeSwap().apply(base)
@@ -118,7 +127,7 @@ def engines(tiny_target):
 
 @pytest.fixture(scope="module")
 def baseline(engines):
-    from experiments.models.corpus import Corpus
+    from experiments.targets.models.corpus import Corpus
 
     windows = fixed_sequences(engines["torch"].tokenizer, Corpus.from_stdlib(8).heldout, N_SEQUENCES, LENGTH, 0)
     return BaselineLogprobs.record(engines["torch"], windows)
@@ -189,12 +198,12 @@ def test_scores_go_through_the_forward_that_serves_not_the_eager_module(tiny_tar
     else its quality criteria equal the eager champion's by construction. A spy stands in for the compiled
     callable; compiling for real takes minutes here (the sweep's torch_compile rung does)."""
     import torch
-
     from conftest import SHARED_CACHE
-    from experiments import contender
-    from experiments.fidelity import logprob_scorer
+
+    from experiments.climb import contender
+    from experiments.core.recipe import Candidate
+    from experiments.judge.fidelity import logprob_scorer
     from experiments.serving import build_engine
-    from experiments.recipe import Candidate
 
     engine = build_engine(Candidate(tiny_target), 2, SHARED_CACHE / "artefacts")
     calls = []

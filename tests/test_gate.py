@@ -2,11 +2,10 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.accuracy import AccuracyReport
-from experiments.benchmark import BenchmarkReport
-from experiments.level import LevelReport
-from experiments.serving.request import Prompt, RequestRecord
-from experiments.gate import Gate, Verdict
+from experiments.core.reports import BenchmarkReport, LevelReport
+from experiments.core.request import Prompt, RequestRecord
+from experiments.judge.accuracy import AccuracyReport
+from experiments.judge.gate import Gate, Verdict
 
 GATE = OmegaConf.create({"objective": {"metric": "e2e_ms", "stat": "p50", "concurrency": 1}, "min_gain": 0.05,
                          "confidence": 0.95, "bootstrap_resamples": 1000,
@@ -58,7 +57,7 @@ def test_verdict_lists_every_failing_criterion():
 
 
 def test_objective_at_max_reads_the_highest_level_and_slos_must_hold():
-    from experiments.slo import SLO
+    from experiments.core.slo import SLO
 
     def two_levels(c1_ms, c4_ms, slos=()):
         one, four = bench_with_e2e(c1_ms).levels[0], bench_with_e2e(c4_ms).levels[0]
@@ -82,7 +81,7 @@ CONSISTENT = OmegaConf.merge(GATE, {"objective": {"stat": "mean"}, "consistency"
 
 
 def rounds_at(champion_ms, challenger_ms, n=6):
-    from experiments.interleaved import Rounds
+    from experiments.measure.interleaved import Rounds
 
     level = lambda ms: bench_with_e2e([ms] * 20).levels[0]   # noqa: E731
     return Rounds(1, {"champion": tuple(level(champion_ms) for _ in range(n)),

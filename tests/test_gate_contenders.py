@@ -5,8 +5,8 @@ import time
 
 import psutil
 
-from experiments import isolation
 from experiments.benchmarks.gate_contenders import DisturbingEngine
+from experiments.measure import isolation
 
 LIMITS = isolation.Limits(time_s=60, memory_bytes=2**33, poll_s=0.05)
 

@@ -4,9 +4,8 @@ import json
 from pathlib import Path
 
 from experiments.benchmarks import gpu_rungs
-from experiments.recipe import Env, Target
+from experiments.core.recipe import Env, Target, device_name
 from optimizers.baseline import EagerBaseline
-from experiments.recipe import device_name
 from optimizers.placement import placed
 
 H100 = Env(cuda=True, cuda_capability=(9, 0), cpu_count=16)

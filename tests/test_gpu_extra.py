@@ -8,11 +8,11 @@ torch-tensorrt's own PyPI requirements in its place, and the NVIDIA-only part is
 import json
 import subprocess
 import sys
-import tomllib
 import urllib.request
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent

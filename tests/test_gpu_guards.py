@@ -9,9 +9,9 @@ import types
 import numpy as np
 import pytest
 
-from experiments.serving import gpu_guards
-from experiments.serving.gpu_guards import require_provider, tensorrt_options
-from experiments.recipe import Candidate, Recipe, Target
+from experiments.core import gpu_guards
+from experiments.core.gpu_guards import require_provider, tensorrt_options
+from experiments.core.recipe import Candidate, Recipe, Target
 
 CUDA1 = Recipe(execution_provider="cuda", cuda_device=1)
 
@@ -111,7 +111,7 @@ def _export_with_past(folder, elem_type):
 def test_ort_scoring_feeds_the_exports_own_past_dtype(tmp_path):
     from onnx import TensorProto
 
-    from experiments.accuracy import OnnxSessionLM
+    from experiments.judge.accuracy import OnnxSessionLM
 
     lm = OnnxSessionLM(_export_with_past(tmp_path, TensorProto.FLOAT16), None, 1)
     assert {a.dtype for a in lm._empty_past.values()} == {np.dtype(np.float16)}
@@ -120,7 +120,7 @@ def test_ort_scoring_feeds_the_exports_own_past_dtype(tmp_path):
 def test_ort_scoring_refuses_past_tensors_numpy_cannot_hold(tmp_path):
     from onnx import TensorProto
 
-    from experiments.accuracy import OnnxSessionLM
+    from experiments.judge.accuracy import OnnxSessionLM
 
     with pytest.raises(ValueError, match="tensor\\(bfloat16\\), which numpy cannot hold"):
         OnnxSessionLM(_export_with_past(tmp_path, TensorProto.BFLOAT16), None, 1)

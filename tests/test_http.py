@@ -8,17 +8,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from conftest import SHARED_CACHE, compose
 from omegaconf import OmegaConf
 
-from experiments.benchmark import run_ladder
-from experiments.serving.request import Prompt
-from experiments.serving.servers import SequentialServer
-from experiments.workload import Workload
-from experiments.errors import ConfigError
+from experiments.core.errors import ConfigError
+from experiments.core.request import Prompt
+from experiments.measure.benchmark import run_ladder
+from experiments.record import benchmark_log
 from experiments.serving.http_client import EndpointServer
 from experiments.serving.http_server import FAILURE_POLL_S, BackgroundServer, bind, create_app, exposure_warning
-
-from conftest import SHARED_CACHE, compose
+from experiments.serving.servers import SequentialServer
+from experiments.targets.workload import Workload
 
 LOAD = OmegaConf.create({"concurrency": [1, 2], "warmup_requests": 2, "warmup_s": 0.0, "min_requests": 6,
                          "min_duration_s": 0.0, "max_duration_s": 30.0, "request_timeout_s": 10.0})
@@ -50,8 +50,8 @@ def tokenizer(model_dir):
 
 @pytest.fixture(scope="module")
 def endpoint(tiny_target, tokenizer):
+    from experiments.core.recipe import Candidate
     from experiments.serving.torch_engine import TorchEngine
-    from experiments.recipe import Candidate
 
     server = SequentialServer(TorchEngine(Candidate(tiny_target), threads=1))
     recording = Recording(server)
@@ -213,7 +213,7 @@ def test_endpoint_mode_measures_our_server(endpoint):
         assert all(len(r.token_times) == 8 for r in lv.records)
         # behind an endpoint, queueing and compute cannot be told apart: absent, not made up
         assert lv.stats["queue_ms"] is None and lv.stats["model_ms"] is None
-    assert "queue_ms" not in report.metric_series() and report.metric_series()["qps"][1][0] == 2
+    assert "queue_ms" not in benchmark_log.metric_series(report) and benchmark_log.metric_series(report)["qps"][1][0] == 2
 
 
 def test_text_prompts_reach_the_endpoint_too(endpoint, tokenizer):
@@ -361,7 +361,7 @@ def test_bench_cli_logs_an_endpoint_run(endpoint, model_dir, monkeypatch, capsys
 
 
 def test_serve_builds_the_named_rungs_on_the_baseline(tmp_path):
-    from experiments.endpoint import candidate
+    from experiments.climb.endpoint import candidate
 
     cfg = compose([f"data_dir={tmp_path}", f"cache_dir={SHARED_CACHE}"])
     cand = candidate(cfg, ["onnxruntime", "dynamic_batching"], print)

@@ -1,10 +1,10 @@
-"""make setup's progress line (experiments/install_progress.py): what pip said, counted, and what remains."""
+"""make setup's progress line (experiments/tools/install_progress.py): what pip said, counted, and what remains."""
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from experiments.install_progress import FIRST_INSTALL_S, Install
+from experiments.tools.install_progress import FIRST_INSTALL_S, Install
 
 PIP = """Obtaining file:///work/roi-ladder
 Collecting torch==2.9.1 (from roi-ladder==0.1)
@@ -47,7 +47,7 @@ def test_the_line_counts_what_pip_did_and_counts_down_from_the_last_install():
 
 def test_the_log_is_whole_and_the_install_is_timed_for_next_time(tmp_path):
     log = tmp_path / "pip.log"
-    done = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "experiments" / "install_progress.py"),
+    done = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "experiments" / "tools" / "install_progress.py"),
                            str(log)], input="".join(PIP), capture_output=True, text=True, check=True)
     assert log.read_text() == "".join(PIP)
     assert "pip: 4 packages installed in" in done.stdout

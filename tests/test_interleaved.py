@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from experiments import interleaved
-from experiments.level import LevelReport
-from experiments.serving.request import Prompt, RequestRecord
-from experiments.workload import Workload
-from experiments.errors import ConfigError
-from experiments.gate import Gate
-from experiments.interleaved import Rounds
+from experiments.core.errors import ConfigError
+from experiments.core.reports import LevelReport
+from experiments.core.request import Prompt, RequestRecord
+from experiments.core.stats import hodges_lehmann_ci, min_rounds, rounds_ratio_ci, signed_rank_critical
+from experiments.judge.gate import Gate
+from experiments.measure import interleaved
+from experiments.measure.interleaved import Rounds
 from experiments.serving.engine import Engine
-from experiments.stats import hodges_lehmann_ci, min_rounds, rounds_ratio_ci, signed_rank_critical
+from experiments.targets.workload import Workload
 
 GATE = OmegaConf.create({"objective": {"metric": "e2e_ms", "stat": "mean", "concurrency": "max"}, "min_gain": 0.05,
                          "confidence": 0.95, "bootstrap_resamples": 1000,
@@ -75,7 +75,7 @@ def test_interleaved_gate_accepts_a_real_gain_and_not_noise():
 
 def test_drift_between_recorded_runs_fools_the_bootstrap_but_not_the_rounds():
     """The champion was recorded on a quiet machine; an identical challenger runs while a neighbour takes 20 %."""
-    from experiments.benchmark import BenchmarkReport
+    from experiments.core.reports import BenchmarkReport
 
     rng = np.random.default_rng(2)
     gate = Gate(GATE)
@@ -149,7 +149,8 @@ def test_the_order_is_balanced_in_each_block_and_drawn_from_the_seed():
 
 
 def test_measure_follows_the_drawn_order_and_runs_each_run_in_a_fresh_process_of_its_own(tmp_path):
-    from experiments import contender, isolation
+    from experiments.climb import contender
+    from experiments.measure import isolation
 
     SteadyEngine.built.clear()
     prompts = tuple(Prompt(i, (1, 2, 3), 2) for i in range(50))
@@ -191,7 +192,7 @@ def test_measure_follows_the_drawn_order_and_runs_each_run_in_a_fresh_process_of
     ({"max_rounds": 0}, r"max_rounds=0 is not an integer \(or null\) >= 1"),
 ])
 def test_bad_interleaved_config_is_one_clear_error(change, message):
-    from experiments.gate import check_config
+    from experiments.judge.gate import check_config
 
     change = dict(change)
     consistency = change.pop("consistency", {"max_deviation": 0.25})
@@ -202,7 +203,7 @@ def test_bad_interleaved_config_is_one_clear_error(change, message):
 
 
 def test_zero_rounds_is_valid_and_means_the_recorded_run():
-    from experiments.gate import check_config
+    from experiments.judge.gate import check_config
 
     check_config(OmegaConf.merge(GATE, {"interleaved": {"rounds": 0, "seconds": 1.0, "min_requests": 1}}))
 

@@ -1,17 +1,17 @@
-"""experiments/isolation.py on real faults: each becomes a reason, the caller goes on, nothing is left running."""
+"""experiments/measure/isolation.py on real faults: each becomes a reason, the caller goes on, nothing is left running."""
 import multiprocessing.forkserver
 import os
 import signal
 import time
 from pathlib import Path
 
+import faults
 import psutil
 import pytest
 from omegaconf import OmegaConf
 
-import faults
-from experiments import isolation
-from experiments.errors import ConfigError
+from experiments.core.errors import ConfigError
+from experiments.measure import isolation
 
 LIMITS = isolation.Limits(time_s=20, memory_bytes=3 * 2**30, poll_s=0.1)
 
@@ -155,7 +155,7 @@ def test_bad_limits_are_refused(change, message):
 CALLER = """
 import sys
 from pathlib import Path
-from experiments import isolation
+from experiments.measure import isolation
 import faults
 if __name__ == "__main__":
     isolation.run(faults.hang, (), isolation.Limits(600, 2**34, 0.2), Path(sys.argv[1]),

@@ -5,21 +5,21 @@ import random
 import time
 
 import pytest
-
 from conftest import compose
-from experiments.serving.request import Prompt
-from experiments.serving.servers import serve
-from experiments.errors import ConfigError
-from experiments.validation import load_rungs
+from serving_requests import prompt, wait
+
+from experiments.climb.validation import load_rungs
+from experiments.core.errors import ConfigError
+from experiments.core.recipe import Candidate, Env
+from experiments.core.request import Prompt
 from experiments.serving.continuous import ContinuousServer
 from experiments.serving.iteration import IterationServer
+from experiments.serving.servers import serve
 from experiments.serving.torch_engine import TorchEngine
-from experiments.recipe import Candidate, Env
 from optimizers.batching import Batching
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 from optimizers.prefix_caching import PrefixCaching
 from optimizers.torch_compile import TorchCompile
-from serving_requests import prompt, wait
 
 CPU = Env(False, None, 2)
 

@@ -1,20 +1,19 @@
 """A target kind says what its requests measure and what its throughput is; the measuring and reporting code
-asks it, so a third kind is one module in experiments/kinds/ (here a reranker, scoring query/passage pairs)."""
+asks it, so a third kind is one module in experiments/targets/kinds/ (here a reranker, scoring query/passage pairs)."""
 import sys
 import types
 
 import pytest
 
-from experiments import kinds, registry, ui
-from experiments import report as report_plots
-from experiments.benchmark import BenchmarkReport
-from experiments.console import level_table
-from experiments.gate import Verdict
-from experiments.level import LevelReport
-from experiments.names import Metric
-from experiments.outcome import RungOutcome, markdown_table
-from experiments.serving.request import Prompt, RequestRecord
-from experiments.stats import LatencyStats
+from experiments.core.names import Metric
+from experiments.core.reports import BenchmarkReport, LevelReport
+from experiments.core.request import Prompt, RequestRecord
+from experiments.core.stats import LatencyStats
+from experiments.judge.gate import Verdict
+from experiments.record import benchmark_log, registry, report as report_plots, ui
+from experiments.record.console import level_table
+from experiments.record.outcome import RungOutcome, markdown_table
+from experiments.targets import kinds
 
 
 class RerankerKind(kinds.Kind):
@@ -35,7 +34,7 @@ class RerankerKind(kinds.Kind):
 
 @pytest.fixture
 def reranker(monkeypatch):
-    module = types.ModuleType("experiments.kinds.reranker")
+    module = types.ModuleType("experiments.targets.kinds.reranker")
     module.KIND = RerankerKind()
     monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setattr(kinds, "names", lambda: ("causal-lm", "embedding", "reranker"))
@@ -55,12 +54,12 @@ def report(kind: str) -> BenchmarkReport:
 
 def test_a_third_kind_names_its_throughput_everywhere_without_touching_the_reporting_code(reranker):
     bench = report("reranker")
-    series = bench.metric_series()
+    series = benchmark_log.metric_series(bench)
     assert series["pairs_per_s"] == [(1, 80.0)] and series["qps"] == [(1, 10.0)]
     assert not [k for k in series if k.startswith(("ttft", "tpot", "output_tokens", "embeddings"))]
     assert {"e2e_ms_p50", "queue_ms_p50", "model_ms_p50"} <= set(series)
-    header = bench.samples_csv().splitlines()[0].split(",")
-    row = bench.samples_csv().splitlines()[1].split(",")
+    header = benchmark_log.samples_csv(bench).splitlines()[0].split(",")
+    row = benchmark_log.samples_csv(bench).splitlines()[1].split(",")
     assert row[header.index(Metric.TTFT_MS)] == "" and float(row[header.index(Metric.E2E_MS)]) == 5.0
 
     outcome = RungOutcome("baseline", Verdict("accepted", "first champion"), bench=bench)
@@ -78,8 +77,8 @@ def test_a_third_kind_names_its_throughput_everywhere_without_touching_the_repor
 
 def test_the_shipped_kinds_throughput(reranker):
     decoder, encoder = report("causal-lm"), report("embedding")
-    assert set(decoder.metric_series()) >= {"output_tokens_per_s"} and "embeddings_per_s" not in decoder.metric_series()
-    assert encoder.metric_series()["embeddings_per_s"] == [(1, 10.0)]
+    assert set(benchmark_log.metric_series(decoder)) >= {"output_tokens_per_s"} and "embeddings_per_s" not in benchmark_log.metric_series(decoder)
+    assert benchmark_log.metric_series(encoder)["embeddings_per_s"] == [(1, 10.0)]
     assert kinds.kind_of("embedding").throughput(encoder.levels[0]) == 10.0
     assert kinds.kind_of("causal-lm").throughput(decoder.levels[0]) == 10.0   # one token per request here
     logged = {"e2e_ms_p50": 5.0, "tpot_ms_p50": 1.0, "output_tokens_per_s": 9.0, "embeddings_per_s": 10.0}

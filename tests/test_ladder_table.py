@@ -1,9 +1,10 @@
 """Verdicts and tables agree (issue 16): each delta, and the waterfall's champion mark, is against the champion
 the rung was gated against, not the baseline nor the final champion."""
-from experiments.gate import Verdict
-from experiments.outcome import RungOutcome, cell, markdown_table
-from experiments.report import champion_line, waterfall
 from test_gate import bench_with_e2e
+
+from experiments.judge.gate import Verdict
+from experiments.record.outcome import RungOutcome, cell, markdown_table
+from experiments.record.report import champion_line, waterfall
 
 
 def outcomes():
@@ -39,8 +40,9 @@ def test_the_waterfall_marks_the_champion_each_rung_was_gated_against():
 def test_an_accuracy_delta_pairs_the_documents_the_rung_scored():
     # The champion was completed to 1,200 documents (0.5 over them) after the rung passed on its first 400
     # (0.75 there, as the champion's): the row says +0 %, not +50 %.
-    from experiments.outcome import before_summary
     from test_sequential_accuracy import first, report
+
+    from experiments.record.outcome import before_summary
 
     champion = report([1.0] * 300 + [0.0] * 100 + [1.0] * 300 + [0.0] * 500)
     base = RungOutcome("baseline", Verdict("accepted", "first"), bench=bench_with_e2e([100] * 10),

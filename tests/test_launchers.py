@@ -9,10 +9,9 @@ import sys
 import time
 
 import pytest
+from conftest import REPO, SHARED_CACHE, compose
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
-
-from conftest import REPO, SHARED_CACHE, compose
 
 RUNGS = ["baseline", "onnxruntime"]
 FAST = ["ladder=engine-swap", "profile=quick", "accuracy.limit=50", "gate.fidelity.sequences=8"]
@@ -60,7 +59,7 @@ def _check_sweep(experiment: str, parent, kids, target: str) -> None:
 
 # --- the store made ready for parallel writers (fast) ------------------------------------------------------
 def _prepare_in_process(uri: str, root: str, barrier, out) -> None:
-    from experiments.tracking import connect
+    from experiments.record.tracking import connect
 
     cfg = OmegaConf.create({"uri": uri, "artifact_root": root, "experiment": "roi-ladder/shared"})
     barrier.wait()

@@ -2,11 +2,11 @@
 import pickle
 
 import pytest
-
 from conftest import compose
-from experiments import ledger
-from experiments.errors import ConfigError
-from experiments.ledger import Entry, Ledger
+
+from experiments.core.errors import ConfigError
+from experiments.record import ledger
+from experiments.record.ledger import Entry, Ledger
 
 NAMES = ["baseline", "torch_compile", "onnxruntime", "openvino"]
 MACHINE = {"cpu": "Test CPU", "cores_logical": 2, "versions": {"torch": "2.13.0"}, "git_commit": "abc"}
@@ -114,7 +114,7 @@ def test_one_copy_of_a_sweep_at_a_time(tmp_path):
     from conftest import REPO
 
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from experiments.ledger import Ledger; "
+        "import sys, time; from pathlib import Path; from experiments.record.ledger import Ledger; "
         f"book = Ledger(Path({str(tmp_path)!r}), 'roi-ladder/tiny-llm', 'tiny-llm', 'k0'); book.lock(); print('locked', "
         "flush=True); time.sleep(60)")], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:

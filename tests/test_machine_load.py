@@ -7,7 +7,7 @@ import time
 
 import psutil
 
-from experiments.machine_load import MachineLoad
+from experiments.measure.machine_load import MachineLoad
 
 
 def _burn(seconds: float) -> None:

@@ -1,12 +1,12 @@
 """A model whose weights would not fit in memory at the recipe's dtype is refused before it is built, with both
 figures: the rung (skipped), or the whole sweep when the baseline would not fit. Memory is faked small."""
-import pytest
-
 import own_models
+import pytest
 from conftest import compose
-from experiments import memory_fit
-from experiments.errors import ConfigError
-from experiments.recipe import Candidate, Recipe, Target
+
+from experiments.analyse import memory_fit
+from experiments.core.errors import ConfigError
+from experiments.core.recipe import Candidate, Recipe, Target
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_a_rung_whose_weights_would_not_fit_is_skipped_before_it_is_built(qwen, 
     """In the rung's own process, right after apply: the memory check skips it, nothing is built."""
     from types import SimpleNamespace
 
-    from experiments import rung
+    from experiments.climb import rung
     from optimizers.half_precision import HalfPrecision
     from optimizers.quantization import WeightQuantization
 
@@ -77,8 +77,8 @@ def test_a_rung_whose_weights_would_not_fit_is_skipped_before_it_is_built(qwen, 
 def test_the_sweeps_process_never_applies_a_rung_to_check_its_memory(qwen, tmp_path, monkeypatch):
     """apply may crash or hang: it runs in the rung's own process only (test_resilience's segfault rung once
     took the sweep down from here)."""
-    from experiments import rung
-    from experiments.gate import Verdict
+    from experiments.climb import rung
+    from experiments.judge.gate import Verdict
     from optimizers.base import Optimizer
 
     class Crashing(Optimizer):
@@ -102,7 +102,8 @@ def test_the_sweeps_process_never_applies_a_rung_to_check_its_memory(qwen, tmp_p
 
 
 def test_a_baseline_that_does_not_fit_stops_the_sweep_before_the_model_loads(qwen, tmp_path, monkeypatch):
-    from experiments import ladder, kinds
+    from experiments.climb import ladder
+    from experiments.targets import kinds
 
     monkeypatch.setattr(kinds, "for_target", lambda *a: pytest.fail("the kind (tokenizer, data) was set up"))
     cfg = compose([f"data_dir={tmp_path}", "target=folder", f"target.source={qwen}", "hardware.memory_bytes=100000",
@@ -113,7 +114,7 @@ def test_a_baseline_that_does_not_fit_stops_the_sweep_before_the_model_loads(qwe
 
 
 def _env():
-    from experiments.recipe import Env
+    from experiments.core.recipe import Env
 
     return Env(cuda=False, cuda_capability=None, cpu_count=2)
 

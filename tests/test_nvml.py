@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from experiments.resources import ResourceSampler
+from experiments.measure.resources import ResourceSampler
 
 UUIDS = {0: "11111111-0000-0000-0000-000000000000", 1: "22222222-0000-0000-0000-000000000000"}
 

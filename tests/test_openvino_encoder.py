@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.recipe import Candidate, Env, Recipe, Target
+from experiments.core.recipe import Candidate, Env, Recipe, Target
 from optimizers.openvino_engine import OpenVinoSwap
 from optimizers.quantization import WeightQuantization
 

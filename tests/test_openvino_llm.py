@@ -3,7 +3,7 @@ bits, the IR cache, and the engine-swap rung now taking a causal LM."""
 import numpy as np
 import pytest
 
-from experiments.recipe import Candidate, Env, Recipe
+from experiments.core.recipe import Candidate, Env, Recipe
 from optimizers.baseline import EagerBaseline
 from optimizers.openvino_engine import OpenVinoSwap
 from optimizers.quantization import WeightQuantization
@@ -54,7 +54,7 @@ def test_fp32_decodes_exactly_what_torch_decodes(engines):
 
 
 def test_logprobs_match_torch(engines):
-    from experiments.fidelity import logprob_scorer
+    from experiments.judge.fidelity import logprob_scorer
 
     ids = engines["torch"].tokenizer.encode("".join(PROMPTS), add_special_tokens=False)
     ours = engines["fp32"].lm_eval_model(batch_size=1)._logprobs(ids)

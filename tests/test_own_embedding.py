@@ -4,13 +4,13 @@ import contextlib
 import json
 from pathlib import Path
 
-import pytest
-
 import own_models
+import pytest
 from conftest import compose
-from experiments import retrieval_file
-from experiments.errors import ConfigError
-from experiments.models.minilm import RetrievalSet
+
+from experiments.core.errors import ConfigError
+from experiments.targets import retrieval_file
+from experiments.targets.models.minilm import RetrievalSet
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_a_bad_line_is_refused_with_its_number(tmp_path, lines, message):
 
 
 def test_a_query_passage_line_is_still_refused_for_a_causal_lm(tmp_path):
-    from experiments import prompts_file
+    from experiments.targets import prompts_file
 
     path = write_lines(tmp_path / "t.jsonl", {"query": "q", "passage": "p"})
     with pytest.raises(ConfigError, match="line 1 is a query/passage pair.*not a causal LM"):
@@ -77,8 +77,8 @@ def stage(_text):
 
 
 def embedding_kind(encoder, tmp_path, *overrides):
-    from experiments import kinds
-    from experiments.targets import resolve
+    from experiments.targets import kinds
+    from experiments.targets.resolve import resolve
 
     cfg = compose([f"data_dir={tmp_path}", "target=folder", f"target.source={encoder}", *overrides])
     target, texts, include = resolve(cfg.target, tmp_path / "cache", tmp_path, print)
@@ -87,9 +87,9 @@ def embedding_kind(encoder, tmp_path, *overrides):
 
 
 def test_the_users_pairs_are_scored_by_recall_and_every_text_by_cosine(encoder, tmp_path):
-    from experiments.embedding_eval import USER_TASK_NAME
+    from experiments.core.recipe import Candidate
+    from experiments.judge.embedding_eval import USER_TASK_NAME
     from experiments.serving import build_engine
-    from experiments.recipe import Candidate
     from optimizers.baseline import EagerBaseline
 
     path = pairs_file(tmp_path / "own.jsonl")
@@ -107,14 +107,14 @@ def test_the_users_pairs_are_scored_by_recall_and_every_text_by_cosine(encoder, 
 
 
 def kind_target(kind, encoder):
-    from experiments.recipe import Target
+    from experiments.core.recipe import Target
 
     return Target("tiny-bert", "embedding", Path(encoder))
 
 
 def test_texts_without_pairs_are_scored_by_cosine_alone(encoder, tmp_path):
+    from experiments.core.recipe import Candidate
     from experiments.serving import build_engine
-    from experiments.recipe import Candidate
     from optimizers.baseline import EagerBaseline
 
     path = write_lines(tmp_path / "own.jsonl", {"text": "first text"}, {"text": "second text"}, {"prompt": "third"})
@@ -142,7 +142,7 @@ def test_without_a_file_the_builtin_retrieval_set_scores_it(encoder, tmp_path):
 
 
 def test_a_bad_line_of_an_encoders_file_is_refused_by_validate_before_anything_is_recorded(encoder, tmp_path):
-    from experiments.validation import validate
+    from experiments.climb.validation import validate
 
     path = write_lines(tmp_path / "t.jsonl", {"query": "q", "passage": "p"}, {"query": "r"})
     cfg = compose([f"data_dir={tmp_path / 'data'}", "target=folder", f"target.source={encoder}",

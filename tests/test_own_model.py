@@ -2,15 +2,16 @@
 import json
 import shutil
 
-import pytest
-
 import own_models
+import pytest
 from conftest import compose
-from experiments import prompts_file
-from experiments.agreement import BaselineGenerations, judge, lower_bound
-from experiments.errors import ConfigError
-from experiments.models.hf_folder import detect_kind, inspect
-from experiments.targets import check_source
+
+from experiments.core.errors import ConfigError
+from experiments.judge.agreement import BaselineGenerations, judge, lower_bound
+from experiments.targets import prompts_file
+from experiments.targets.folder import inspect
+from experiments.targets.kinds import detect as detect_kind
+from experiments.targets.resolve import check_source
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +128,8 @@ def test_a_prompt_longer_than_the_context_is_refused_naming_the_line(qwen, tmp_p
 
 
 def test_a_synthetic_workload_longer_than_the_context_is_refused(qwen, tmp_path):
-    from experiments.kinds.causal_lm import CausalLMScorer
-    from experiments.recipe import Target
+    from experiments.core.recipe import Target
+    from experiments.targets.kinds.causal_lm import CausalLMScorer
 
     cfg = compose([f"data_dir={tmp_path}", "target=folder", f"target.source={qwen}",
                    "target.workload.input_tokens=[200]", "target.workload.output_tokens=[64]"])
@@ -190,7 +191,7 @@ def _madeup_gguf(path):
 
 
 def test_a_gguf_of_an_architecture_the_loader_does_not_know_is_refused(tmp_path):
-    from experiments.models.gguf import convert
+    from experiments.targets.models.gguf import convert
 
     path = _madeup_gguf(tmp_path / "madeup.gguf")
     with pytest.raises(ConfigError, match="architecture 'madeup', which transformers' GGUF loader does not know"):
@@ -200,7 +201,7 @@ def test_a_gguf_of_an_architecture_the_loader_does_not_know_is_refused(tmp_path)
 def test_the_tokenizer_check_refuses_a_tokenizer_that_loses_spaces(qwen):
     from tokenizers import normalizers
 
-    from experiments.models.gguf import check_round_trip
+    from experiments.targets.models.gguf import check_round_trip
 
     tok = tokenizer(qwen)
     check_round_trip(tok, "tiny-qwen2", reference=tokenizer(qwen))
@@ -223,8 +224,8 @@ def test_smollm2s_gguf_tokenizer_round_trips_where_the_loaders_does_not(tmp_path
     from transformers import AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from experiments.models.gguf import check_round_trip, gguf_tokenizer
-    from experiments.models.smollm2 import gguf_file
+    from experiments.targets.models.gguf import check_round_trip, gguf_tokenizer
+    from experiments.targets.models.smollm2 import gguf_file
 
     path = gguf_file()
     AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(tmp_path / "theirs")
@@ -258,7 +259,7 @@ def test_agreement_compares_the_answer_up_to_the_baselines_stop_token():
 
 
 def test_an_lm_eval_task_whose_data_is_not_offline_is_refused_naming_the_dataset(monkeypatch):
-    from experiments.task_data import check_offline
+    from experiments.targets.task_data import check_offline
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ConfigError, match=r"task 'hellaswag' reads the Hugging Face dataset Rowan/hellaswag, which is "
@@ -286,7 +287,7 @@ BEFORE_WORK = [
                               "synthetic-past-context", "task-not-offline", "gguf-unknown-architecture"])
 def test_a_users_bad_data_is_refused_by_validate_before_anything_is_recorded(model, lines, extra, message, llama,
                                                                              qwen, tmp_path, monkeypatch):
-    from experiments.validation import validate
+    from experiments.climb.validation import validate
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     source = {"llama": llama, "qwen": qwen}.get(model) or _madeup_gguf(tmp_path / "madeup.gguf")
@@ -345,8 +346,8 @@ def test_a_kind_the_folder_does_not_show_can_be_given(llama, tmp_path):
 
 
 def test_the_corpus_is_a_file_or_a_folder_of_text_and_a_missing_one_is_refused_before_work(qwen, tmp_path):
-    from experiments.models.corpus import texts_from
-    from experiments.validation import validate
+    from experiments.climb.validation import validate
+    from experiments.targets.models.corpus import texts_from
 
     (tmp_path / "docs" / "sub").mkdir(parents=True)
     (tmp_path / "docs" / "b.txt").write_text("second text")

@@ -6,11 +6,10 @@ import os
 import subprocess
 import sys
 
-import pytest
-from mlflow.tracking import MlflowClient
-
 import own_models
+import pytest
 from conftest import REPO
+from mlflow.tracking import MlflowClient
 from verdicts import assert_decided
 
 pytestmark = pytest.mark.slow
@@ -86,7 +85,7 @@ def test_a_quick_sweep_on_a_users_folder(architecture, tmp_path):
 
 
 def test_a_quick_sweep_on_a_users_embedding_folder_with_query_passage_pairs(tmp_path):
-    from experiments.models.minilm import RetrievalSet
+    from experiments.targets.models.minilm import RetrievalSet
 
     folder = own_models.encoder(tmp_path / "my-encoder")
     rs = RetrievalSet.from_stdlib(40, seed=5)

@@ -5,8 +5,8 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 
-from experiments.cache import build_once, manifest_ok
-from experiments.validation import check_writable
+from experiments.climb.validation import check_writable
+from experiments.core.cache import build_once, manifest_ok
 
 WORKERS = 4
 

@@ -5,12 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments.recipe import Candidate, Env, Recipe, Target
+from experiments.core.recipe import Candidate, Env, Recipe, Target, device_name
 from optimizers.baseline import EagerBaseline
 from optimizers.cuda_graph import CudaGraph
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 from optimizers.openvino_engine import OpenVinoSwap
-from experiments.recipe import device_name
 from optimizers.placement import placed, resolve_device
 from optimizers.tensorrt import TensorRT
 from tests.conftest import compose
@@ -67,7 +66,7 @@ def test_engine_swaps_keep_the_champions_device():
 
 @pytest.mark.parametrize("device", ["cpu", "cuda:1"])
 def test_no_rung_of_the_default_ladder_changes_the_device(tmp_path, device):
-    from experiments.validation import load_rungs
+    from experiments.climb.validation import load_rungs
 
     cfg = compose([f"data_dir={tmp_path}"])
     champion = placed(Target("m", "causal-lm", _model_dir(tmp_path, "float32")), device, TWO_H100)

@@ -1,4 +1,4 @@
-"""Progress and what remains (experiments/progress.py), as a stage shows it and as a measuring child relays it."""
+"""Progress and what remains (experiments/core/progress.py), as a stage shows it and as a measuring child relays it."""
 import io
 import multiprocessing
 import threading
@@ -6,10 +6,11 @@ import threading
 import pytest
 from rich.console import Console
 
-from experiments import console as console_module
-from experiments import isolation, progress
-from experiments.console import SweepConsole, Stage
-from experiments.progress import Estimate, Tracker, duration, sweep_text
+from experiments.core import progress
+from experiments.core.progress import Estimate, Tracker, duration, sweep_text
+from experiments.measure import isolation
+from experiments.record import console as console_module
+from experiments.record.console import Stage, SweepConsole
 
 
 class Clock:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from experiments.core.recipe import Candidate, Env, Recipe, Target
 from experiments.serving.torch_quantize import quantize_torchao
-from experiments.recipe import Candidate, Env, Recipe, Target
 from optimizers.quantization import WeightQuantization
 
 CPU = Env(cuda=False, cuda_capability=None, cpu_count=2)

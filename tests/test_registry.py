@@ -4,16 +4,16 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from conftest import SHARED_CACHE, compose
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf, open_dict
 
-from conftest import SHARED_CACHE, compose
-from experiments import registry, tracking
-from experiments.errors import ConfigError
-from experiments.recipe import Candidate, Recipe, Target
+from experiments.core.errors import ConfigError
+from experiments.core.recipe import Candidate, Recipe, Target
+from experiments.record import registry, tracking
 from optimizers.baseline import EagerBaseline
-from optimizers.quantization import WeightQuantization
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
+from optimizers.quantization import WeightQuantization
 
 NAME = "roi-ladder-tiny-llm"
 BASE = EagerBaseline().apply(Candidate(Target("tiny-llm", "causal-lm", Path("unused"))))
@@ -256,17 +256,17 @@ def test_a_built_in_other_than_tiny_llm_or_a_gguf_is_found_again_at_load(tmp_pat
     assert package["target"]["source"] == "builtin:smollm2-135m" and package["target"]["build"] is None
     with pytest.raises(ConfigError, match="does not exist on this machine"):
         registry._model_dir({"source": str(tmp_path / "gone.gguf")}, tmp_path)
-    from experiments.models.minilm import model_dir
+    from experiments.targets.models.minilm import model_dir
     assert registry._model_dir({"source": "builtin:minilm"}, tmp_path) == model_dir()
 
 
 def test_an_encoder_champion_loads_as_pyfunc_and_embeds_like_the_engine(tmp_path):
     import numpy as np
 
-    from experiments.embedding_eval import tokenized
-    from experiments.kinds import load_tokenizer
-    from experiments.models.minilm import model_dir
+    from experiments.judge.embedding_eval import tokenized
     from experiments.serving import build_engine
+    from experiments.targets.kinds import load_tokenizer
+    from experiments.targets.models.minilm import model_dir
 
     cfg = compose(["target=minilm", f"data_dir={tmp_path}", f"cache_dir={SHARED_CACHE}"])
     with open_dict(cfg):

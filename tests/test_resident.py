@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from experiments import isolation
+from experiments.measure import isolation
 
 LIMITS = isolation.Limits(time_s=60, memory_bytes=2**33, poll_s=0.05)
 
@@ -67,8 +67,8 @@ def test_a_resident_is_gone_once_closed(tmp_path):
 SIGTERMED = """
 import sys, time
 from pathlib import Path
-from experiments import isolation
-from experiments.interrupts import Terminated, exit_on_sigterm
+from experiments.measure import isolation
+from experiments.core.interrupts import Terminated, exit_on_sigterm
 from tests.test_resident import LIMITS, _nothing
 
 if sys.argv[1] == "handled":
@@ -119,7 +119,7 @@ def test_a_sigterm_ends_the_stopped_residents(tmp_path, handled):
 
 def test_a_sigterm_exits_143_where_ctrl_c_exits_130():
     from experiments import cli
-    from experiments.interrupts import Terminated
+    from experiments.core.interrupts import Terminated
 
     def raises(exc):
         def work():

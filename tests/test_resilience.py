@@ -9,9 +9,8 @@ import time
 
 import psutil
 import pytest
-from mlflow.tracking import MlflowClient
-
 from conftest import REPO, SHARED_CACHE
+from mlflow.tracking import MlflowClient
 from verdicts import assert_decided
 
 pytestmark = pytest.mark.slow

@@ -2,10 +2,10 @@
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from experiments.gate import Criterion, Verdict
-from experiments.outcome import RungOutcome
-from experiments.review import html_report, rung_description, sweep_description
-from experiments.ui import experiment_url, run_url, ui_base
+from experiments.judge.gate import Criterion, Verdict
+from experiments.record.outcome import RungOutcome
+from experiments.record.review import html_report, rung_description, sweep_description
+from experiments.record.ui import experiment_url, run_url, ui_base
 
 
 def _ladder():

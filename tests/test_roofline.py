@@ -2,11 +2,11 @@
 import math
 
 import pytest
+from conftest import REPO
 from omegaconf import OmegaConf
 from transformers import AutoConfig, LlamaConfig
 
-from experiments.roofline import Hardware, ModelShape, Roofline, phase_cost, plot, weight_and_kv_bytes
-from conftest import REPO
+from experiments.analyse.roofline import Hardware, ModelShape, Roofline, phase_cost, plot, weight_and_kv_bytes
 
 HARDWARE = REPO / "conf" / "hardware"
 FP16, INT4 = 2.0, 0.5

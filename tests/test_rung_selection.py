@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.recipe import Candidate, Env, Target
+from experiments.core.recipe import Candidate, Env, Target
 from optimizers.baseline import EagerBaseline
 from optimizers.batching import Batching
 from optimizers.cuda_graph import CudaGraph

@@ -2,11 +2,11 @@
 import onnx
 import pytest
 import torch
-
 from conftest import SHARED_CACHE, compose
-from experiments.fidelity import BaselineLogprobs, fixed_sequences, judge
+
+from experiments.core.recipe import Candidate
+from experiments.judge.fidelity import BaselineLogprobs, fixed_sequences, judge
 from experiments.serving import build_engine
-from experiments.recipe import Candidate
 from optimizers.baseline import EagerBaseline
 from optimizers.half_precision import HalfPrecision
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
@@ -23,7 +23,7 @@ def base(tiny_target):
 
 @pytest.fixture(scope="module")
 def reference(base):
-    from experiments.models.corpus import Corpus
+    from experiments.targets.models.corpus import Corpus
 
     engine = build_engine(base, 2, SHARED_CACHE / "artefacts")
     windows = fixed_sequences(engine.tokenizer, Corpus.from_stdlib(8).heldout, 16, 128, 0)

@@ -1,6 +1,6 @@
 """Secrets never reach MLflow (the end-to-end sweep plants some too: tests/test_sweep_e2e.py)."""
-from experiments.secrets import MASK, scrub_params, scrub_text, scrub_tree
-from experiments.tracking import flatten
+from experiments.core.secrets import MASK, scrub_params, scrub_text, scrub_tree
+from experiments.record.tracking import flatten
 
 
 def test_url_passwords_and_token_shapes_are_masked():

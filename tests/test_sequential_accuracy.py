@@ -1,4 +1,4 @@
-"""The accuracy gate's two looks (experiments/sequential.py): bounds with known answers, the decisions at each
+"""The accuracy gate's two looks (experiments/judge/sequential.py): bounds with known answers, the decisions at each
 look, the error rate they promise and the power they buy, reports completed by document id, and a rung that
 completes both sides' scores only when the first look leaves the criterion open."""
 import json
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from experiments import rung, sequential
-from experiments.accuracy import AccuracyReport, evaluate
-from experiments.gate import Gate
+from experiments.climb import rung
+from experiments.judge import sequential
+from experiments.judge.accuracy import AccuracyReport, evaluate
+from experiments.judge.gate import Gate
 
 Z95 = 1.6448536269514722
 
@@ -157,10 +158,10 @@ def test_a_report_extended_by_the_rest_is_the_report_of_every_document():
 
 def test_evaluate_in_two_looks_scores_what_one_look_at_every_document_scores(tmp_path, model_dir):
     from lm_eval.models.huggingface import HFLM
+    from test_accuracy_config import local_task
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from experiments.models.tiny_llm import task_dir
-    from test_accuracy_config import local_task
+    from experiments.targets.models.tiny_llm import task_dir
 
     shipped = (task_dir(model_dir) / "tiny_llm_nextline.jsonl").read_text().splitlines()
     folder = local_task(tmp_path / "tasks", "my_nextline", [json.loads(line) for line in shipped[:30]])

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from conftest import compose
 from mlflow.tracking import MlflowClient
 
-from conftest import compose
-from experiments import tracking
-from experiments.server_check import Postgres, can_run_postgres, ensure_postgres, start_mlflow_server
-from experiments.ui_check import free_port, stop_group, wait_healthy
+from experiments.record import tracking
+from experiments.tools.server_check import Postgres, can_run_postgres, ensure_postgres, start_mlflow_server
+from experiments.tools.ui_check import free_port, stop_group, wait_healthy
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(can_run_postgres() is not None, reason=f"{can_run_postgres()}: the server-mode "

@@ -7,9 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from mlflow.tracking import MlflowClient
-
 from conftest import REPO, SHARED_CACHE
+from mlflow.tracking import MlflowClient
 from verdicts import assert_decided
 
 pytestmark = pytest.mark.slow

@@ -6,18 +6,26 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import compose
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf, open_dict
 
-from conftest import compose
-from experiments import tracking
-from experiments.serving.request import Prompt
+from experiments.core.errors import ConfigError
+from experiments.core.request import Prompt
+from experiments.judge.gate import Criterion
+from experiments.measure.soak import (
+    SoakReport,
+    Window,
+    check_config,
+    concurrency_for,
+    drift_check,
+    error_check,
+    leak_check,
+    run_soak,
+)
+from experiments.record import benchmark_log, tracking
 from experiments.serving.servers import serve
-from experiments.workload import Workload
-from experiments.errors import ConfigError
-from experiments.gate import Criterion
-from experiments.soak import (SoakReport, Window, check_config, concurrency_for, drift_check, error_check,
-                              leak_check, run_soak)
+from experiments.targets.workload import Workload
 
 SOAK = {"enabled": True, "concurrency": "sla", "duration_s": 3.0, "warmup_s": 1.0, "window_s": 0.5,
         "request_timeout_s": 30.0, "horizon_h": 24.0, "budget_mb": 64.0, "max_drift": 0.10, "drift_windows": 3,
@@ -150,7 +158,7 @@ def test_bad_soak_settings_each_give_one_clear_error(changes, message):
 
 
 def test_the_sweep_validates_the_soak_first(tmp_path):
-    from experiments.validation import validate
+    from experiments.climb.validation import validate
 
     cfg = compose([f"data_dir={tmp_path}", "soak.duration_s=60", "soak.warmup_s=240"])
     with pytest.raises(ConfigError, match="warm-up"):
@@ -193,8 +201,8 @@ class LeakyEngine:
 
 @pytest.fixture(scope="module")
 def torch_engine(tiny_target):
+    from experiments.core.recipe import Candidate
     from experiments.serving.torch_engine import TorchEngine
-    from experiments.recipe import Candidate
 
     engine = TorchEngine(Candidate(tiny_target), 1)   # one thread: less at the mercy of other processes' load
     yield engine
@@ -247,7 +255,7 @@ def test_the_same_engine_without_the_leak_is_not_flagged(torch_engine, tmp_path)
     cfg = compose([f"data_dir={tmp_path}"])
     experiment_id = tracking.connect(cfg.tracking)
     with tracking.run("soak-test", experiment_id) as run:
-        report.to_mlflow()
+        benchmark_log.log_soak(report)
     client = MlflowClient()
     paths = {a.path for a in client.list_artifacts(run.info.run_id, "soak")}
     assert paths == {"soak/timeseries.csv", "soak/timeseries.png", "soak/report.md"}
@@ -273,7 +281,7 @@ def sweep(tmp_path):
 
 
 def test_a_challenger_that_failed_a_cheaper_criterion_is_not_soaked(sweep):
-    from experiments.rung import soak_criterion as _soak
+    from experiments.climb.rung import soak_criterion as _soak
 
     failed = [Criterion("performance", True, "ok"), Criterion("accuracy", False, "drop too large")]
     with tracking.run("rung", sweep.experiment_id) as run:
@@ -286,7 +294,7 @@ def test_a_challenger_that_failed_a_cheaper_criterion_is_not_soaked(sweep):
 
 
 def test_a_challenger_that_passed_is_soaked_at_the_objective_level_and_recorded(sweep, torch_engine):
-    from experiments.rung import soak_criterion as _soak
+    from experiments.climb.rung import soak_criterion as _soak
 
     passed = [Criterion("performance", True, "ok")]
     with tracking.run("rung", sweep.experiment_id) as run:

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments.stats import LatencyStats, ratio_ci
+from experiments.core.stats import LatencyStats, ratio_ci
 
 
 def test_percentiles_and_n_on_known_samples():

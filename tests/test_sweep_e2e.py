@@ -5,9 +5,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
-
 from conftest import REPO, SHARED_CACHE
+from mlflow.tracking import MlflowClient
 from verdicts import assert_decided
 
 pytestmark = pytest.mark.slow

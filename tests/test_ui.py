@@ -10,7 +10,6 @@ import urllib.request
 
 import psutil
 import pytest
-
 from conftest import REPO
 
 pytestmark = pytest.mark.slow

@@ -1,10 +1,10 @@
 """The MLflow UI in a real browser: a quick sweep into a scratch `mlflow server`, its runs table read from
 headless Chromium's DOM (slow; skipped where Chromium is not installed). Also what the sweep's diagnosis left."""
 import pytest
+from conftest import SHARED_CACHE
 from mlflow.tracking import MlflowClient
 
-from conftest import SHARED_CACHE
-from experiments.ui_check import find_chromium, run_check, runs_table
+from experiments.tools.ui_check import find_chromium, run_check, runs_table
 
 DOM = """<div role="row" row-id="tag.roi.kind.rung.abc"><div col-id="attributes.`Run Name`"><a><span>baseline</span>
 </a></div></div><div role="row" row-id="tag.roi.kind.rung.abc"><div col-id="tags.`roi.verdict`"><span>accepted</span>

@@ -5,13 +5,13 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import compose
-from experiments import isolation
-from experiments.accuracy import gated
-from experiments.errors import ConfigError
-from experiments.recipe import Env
-from experiments.validation import validate
+
+from experiments.climb.validation import validate
+from experiments.core.errors import ConfigError
+from experiments.core.recipe import Env
+from experiments.judge.accuracy import gated
+from experiments.measure import isolation
 
 CPU = Env(cuda=False, cuda_capability=None, cpu_count=2)
 LIMITS = isolation.Limits(time_s=30, memory_bytes=3 * 2**30, poll_s=0.1)

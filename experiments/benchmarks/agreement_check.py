@@ -19,11 +19,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from experiments import agreement
 from experiments.benchmarks.agreement_variants import BROKEN, HARMLESS, OTHER, VariantEngine
 from experiments.benchmarks.common import compose_default
-from experiments.console import quiet_libraries
-from experiments.fidelity import BaselineLogprobs, fixed_sequences, judge as fidelity_judge, logprob_scorer
+from experiments.judge import agreement
+from experiments.judge.fidelity import BaselineLogprobs, fixed_sequences, judge as fidelity_judge, logprob_scorer
+from experiments.record.console import quiet_libraries
 
 
 def flip_margins(ref: BaselineLogprobs, engine) -> np.ndarray:
@@ -38,7 +38,7 @@ def flip_margins(ref: BaselineLogprobs, engine) -> np.ndarray:
 
 
 def onnxruntime_engines(cfg, target, threads: int) -> dict:
-    from experiments.recipe import Candidate
+    from experiments.core.recipe import Candidate
     from experiments.serving import build_engine
     from optimizers.baseline import EagerBaseline
     from optimizers.onnxruntime_engine import OnnxRuntimeSwap
@@ -61,8 +61,8 @@ def main(argv=None) -> None:
     console = Console(width=160)
     from transformers import AutoModelForCausalLM
 
-    from experiments.kinds.causal_lm import CausalLMScorer
-    from experiments.targets import resolve
+    from experiments.targets.kinds.causal_lm import CausalLMScorer
+    from experiments.targets.resolve import resolve
 
     probe = compose_default(args.overrides)
     per_trial = int(probe.target.agreement.prompts)

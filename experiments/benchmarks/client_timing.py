@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from experiments.load import closed_loop
-from experiments.resources import ResourceSampler
+from experiments.core.request import Prompt
+from experiments.measure.load import closed_loop
+from experiments.measure.resources import ResourceSampler
 from experiments.serving import stamped_socket
 from experiments.serving.http_client import EndpointServer
 from experiments.serving.reference_server import ReferenceServer
-from experiments.serving.request import Prompt
 
 CONCURRENCY = (1, 2, 4, 8, 16)
 GOAL_TTFT_MS = 0.5

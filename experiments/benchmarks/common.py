@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.workload import Workload
-from experiments.targets import resolve
-from experiments.recipe import Candidate
+from experiments.core.recipe import Candidate
+from experiments.targets.resolve import resolve
+from experiments.targets.workload import Workload
 from optimizers.baseline import EagerBaseline
 from optimizers.half_precision import HalfPrecision
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
@@ -15,8 +15,9 @@ from optimizers.torch_compile import TorchCompile
 
 
 def compose_default(overrides=()):
-    import experiments  # noqa: F401  (config resolvers)
     from hydra import compose, initialize_config_dir
+
+    import experiments  # noqa: F401  (config resolvers)
 
     conf = str(Path(__file__).resolve().parents[2] / "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from experiments.accuracy import evaluate
-from experiments.fidelity import BaselineLogprobs, judge
-from experiments.gate import Gate
+from experiments.core.recipe import Candidate
+from experiments.judge.accuracy import evaluate
+from experiments.judge.fidelity import BaselineLogprobs, judge
+from experiments.judge.gate import Gate
 from experiments.serving import build_engine
-from experiments.recipe import Candidate
 
 TARGET_DROP = 0.02                        # points of the gate's accuracy metric
 CALIBRATION_SIGMAS = (0.5, 1.0, 1.5, 2.0)  # noise sd in units of each weight matrix's own sd

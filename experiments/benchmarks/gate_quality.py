@@ -39,20 +39,26 @@ from rich.console import Console
 from rich.table import Table
 from scipy import stats
 
-from experiments import contender, interleaved, isolation
-from experiments.benchmark import BenchmarkReport
-from experiments.workload import Workload
 from experiments.benchmarks.common import compose_default
-from experiments.benchmarks.gate_accuracy import (CALIBRATION_SIGMAS, HARMLESS_GOAL, HARMLESS_SCALE, TARGET_DROP,
-                                                 accuracy)
+from experiments.benchmarks.gate_accuracy import (
+    CALIBRATION_SIGMAS,
+    HARMLESS_GOAL,
+    HARMLESS_SCALE,
+    TARGET_DROP,
+    accuracy,
+)
 from experiments.benchmarks.gate_contenders import disturbing_build, slowed_build
-from experiments.console import quiet_libraries
-from experiments.fidelity import fixed_sequences
-from experiments.gate import Criterion, Gate, check_config
-from experiments.interrupts import Terminated, exit_on_sigterm
+from experiments.climb import contender
+from experiments.core.interrupts import Terminated, exit_on_sigterm
+from experiments.core.recipe import Candidate
+from experiments.core.reports import BenchmarkReport
+from experiments.judge.fidelity import fixed_sequences
+from experiments.judge.gate import Criterion, Gate, check_config
+from experiments.measure import interleaved, isolation
+from experiments.record.console import quiet_libraries
 from experiments.serving import build_engine
-from experiments.targets import resolve
-from experiments.recipe import Candidate
+from experiments.targets.resolve import resolve
+from experiments.targets.workload import Workload
 from optimizers.baseline import EagerBaseline
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 

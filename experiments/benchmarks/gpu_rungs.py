@@ -22,8 +22,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from experiments.names import Metric
-from experiments.recipe import Env
+from experiments.core.names import Metric
+from experiments.core.recipe import Env
 
 RUNGS = ("eager", "bf16", "fp16", "cuda graph", "tensorrt", "int8 (torchao)", "int4 (torchao)", "fp8 (torchao)",
          "onnxruntime cuda", "continuous (ort paged)")
@@ -54,10 +54,10 @@ def run_one(name: str, work: Path) -> dict:
     """One rung, in this (child) process: skipped with the rung's reason, or built, loaded and scored."""
     from omegaconf import OmegaConf
 
-    from experiments.benchmark import run_benchmark
     from experiments.benchmarks.common import default_setup
-    from experiments.console import quiet_libraries
-    from experiments.fidelity import fixed_sequences
+    from experiments.judge.fidelity import fixed_sequences
+    from experiments.measure.benchmark import run_benchmark
+    from experiments.record.console import quiet_libraries
     from experiments.serving import build_engine
     from optimizers.baseline import EagerBaseline
     from optimizers.placement import placed
@@ -74,7 +74,7 @@ def run_one(name: str, work: Path) -> dict:
     bench = run_benchmark(engine, workload, OmegaConf.create(BENCH))
     reference_file = work / "eager.logprobs.pkl"
     if name == "eager":
-        from experiments.fidelity import BaselineLogprobs
+        from experiments.judge.fidelity import BaselineLogprobs
 
         windows = fixed_sequences(engine.tokenizer, [" ".join(map(str, range(4000)))], 16, 128, 0)
         reference_file.write_bytes(pickle.dumps(BaselineLogprobs.record(engine, windows)))

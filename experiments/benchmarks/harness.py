@@ -13,12 +13,12 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from experiments.benchmark import run_benchmark
-from experiments.names import Metric
-from experiments.serving.request import Prompt
-from experiments.workload import Workload
-from experiments.console import quiet_libraries
+from experiments.core.names import Metric
+from experiments.core.request import Prompt
+from experiments.measure.benchmark import run_benchmark
+from experiments.record.console import quiet_libraries
 from experiments.serving.engine import Engine
+from experiments.targets.workload import Workload
 
 
 class NoOpEngine(Engine):
@@ -68,9 +68,9 @@ def batching_comparison(base_candidate, ort_candidate, workload: Workload, threa
     on CPU, so continuous batching is compared within the torch engine: transformers' manager (paged KV) and
     our own iteration-level scheduler (left-padded batched KV), same batch and token budget. `engines` picks
     the rows by the engine their label starts with."""
-    from experiments.recipe import Env
-    from optimizers.batching import Batching
+    from experiments.core.recipe import Env
     from experiments.serving import build_engine
+    from optimizers.batching import Batching
 
     cfg = _level_cfg(concurrency)
     env = Env.detect()

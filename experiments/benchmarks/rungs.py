@@ -5,10 +5,10 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from experiments.benchmark import run_benchmark
 from experiments.benchmarks.common import default_setup
-from experiments.console import quiet_libraries
-from experiments.names import Metric
+from experiments.core.names import Metric
+from experiments.measure.benchmark import run_benchmark
+from experiments.record.console import quiet_libraries
 from experiments.serving import build_engine
 
 

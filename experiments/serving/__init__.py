@@ -1,14 +1,14 @@
 """Engines that run a candidate's recipe: which class builds it depends on the target's kind and the recipe's
 engine (a causal LM decodes step by step; an encoder runs one forward pass per batch). Each kind names its
-engine classes (experiments/kinds)."""
+engine classes (experiments/targets/kinds)."""
 from __future__ import annotations
 
 from importlib import import_module
 from pathlib import Path
 
-from experiments.kinds import kind_of
+from experiments.core.recipe import Candidate
 from experiments.serving.engine import Engine
-from experiments.recipe import Candidate
+from experiments.targets.kinds import kind_of
 
 NEEDS_ARTEFACTS = {"onnxruntime", "openvino"}
 

@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
+from experiments.core.request import RequestRecord
 from experiments.serving.queue_server import QueueServer, collect_batch
-from experiments.serving.request import RequestRecord
 
 
 class BatchingServer(QueueServer):

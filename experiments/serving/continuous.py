@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from experiments.serving.request import Prompt, RequestRecord
+from experiments.core.request import Prompt, RequestRecord
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import torch
 
+from experiments.core.recipe import Candidate
 from experiments.serving.torch_engine import TorchEngine
-from experiments.recipe import Candidate
 
 WARMUP_STEPS = 3   # eager steps on the side stream before capture: cuBLAS handles and workspaces come into being
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from experiments.artefacts import cached, weights_digest
+from experiments.core.artefacts import cached, weights_digest
+from experiments.core.gpu_guards import ort_providers, require_provider
+from experiments.core.recipe import Candidate, Recipe, device_name
 from experiments.serving.engine import Engine, torch_only
-from experiments.serving.gpu_guards import ort_providers, require_provider
 from experiments.serving.torch_quantize import torch_refusal
-from experiments.recipe import Candidate, Recipe, device_name
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Part of every encoder export's cache key: bump it when MeanPooled or the export settings change.
@@ -65,7 +65,7 @@ class EncoderEngine(Engine):
         yield 0, compute
 
     def lm_eval_model(self, batch_size: int):
-        raise NotImplementedError("an encoder is scored by retrieval and cosine (experiments/embedding_eval.py), "
+        raise NotImplementedError("an encoder is scored by retrieval and cosine (experiments/judge/embedding_eval.py), "
                                   "not by lm-eval")
 
 

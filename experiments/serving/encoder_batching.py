@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 
+from experiments.core.request import RequestRecord
 from experiments.serving.queue_server import QueueServer, collect_batch
-from experiments.serving.request import RequestRecord
 
 
 class EncoderBatchServer(QueueServer):

@@ -5,7 +5,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
 
-from experiments.recipe import Candidate, Recipe
+from experiments.core.recipe import Candidate, Recipe
 
 
 class Engine(ABC):

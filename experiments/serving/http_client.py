@@ -18,9 +18,9 @@ import threading
 
 import aiohttp
 
-from experiments.serving.request import Prompt, RequestRecord
+from experiments.core.errors import ConfigError
+from experiments.core.request import Prompt, RequestRecord
 from experiments.serving.sse_client import EndpointFailed, HttpStatus, MalformedStream, Stream, StreamingClient
-from experiments.errors import ConfigError
 
 PROMPT_FORMATS = ("ids", "text")
 START_HINT = "start one with `roi-ladder serve` or check the URL"

@@ -22,8 +22,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from experiments.serving.request import Prompt, RequestRecord
-from experiments.errors import ConfigError
+from experiments.core.errors import ConfigError
+from experiments.core.request import Prompt, RequestRecord
 
 DEFAULT_HOST = "127.0.0.1"
 # Only a failed or stopped request goes unannounced (tokens wake the handler at once): how often to look.

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from experiments.serving.queue_server import QueueServer
-from experiments.serving.request import RequestRecord
+from experiments.core.request import RequestRecord
 from experiments.serving.continuous import KvUsage
+from experiments.serving.queue_server import QueueServer
 
 
 @dataclass

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.artefacts import cached, weights_digest
+from experiments.core.artefacts import cached, weights_digest
+from experiments.core.recipe import Candidate, Recipe
 from experiments.serving.encoder import EXPORT_VERSION, EncoderEngine, encoder_refusal, export_onnx
 from experiments.serving.engine import torch_only
-from experiments.recipe import Candidate, Recipe
 
 # ops between a compressed weight constant and its MatMul (NNCF's decompression subgraph)
 DECOMPRESSION_OPS = {"Convert", "Subtract", "Multiply", "Reshape", "Transpose"}

@@ -16,11 +16,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from experiments.accuracy import OnnxSessionLM
+from experiments.core.recipe import Candidate
+from experiments.judge.accuracy import OnnxSessionLM
 from experiments.serving.engine import Engine, unpaged_prefix
-from experiments.serving.openvino_encoder import (CompiledIR, cached_ir, compression_args, ir_weight_bits,
-                                                  openvino_refusal)
-from experiments.recipe import Candidate
+from experiments.serving.openvino_encoder import (
+    CompiledIR,
+    cached_ir,
+    compression_args,
+    ir_weight_bits,
+    openvino_refusal,
+)
 
 
 def kv_names(num_layers: int, prefix: str) -> list[str]:

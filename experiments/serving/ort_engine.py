@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.artefacts import cached
+from experiments.core.artefacts import cached
+from experiments.core.gpu_guards import ort_providers, require_genai_device
+from experiments.core.recipe import Candidate
 from experiments.serving.engine import Engine, torch_only, unpaged_prefix
-from experiments.serving.gpu_guards import ort_providers, require_genai_device
-from experiments.recipe import Candidate
 
 QUANTIZED_PRECISION = {"int8": "int8", "int4": "int4"}
 
@@ -155,7 +155,7 @@ class OrtGenaiEngine(Engine):
             started = time.perf_counter()
 
     def lm_eval_model(self, batch_size: int):
-        from experiments.accuracy import OnnxSessionLM
+        from experiments.judge.accuracy import OnnxSessionLM
 
         return OnnxSessionLM(self.folder / "model.onnx", self.tokenizer, self.threads, ort_providers(self.recipe))
 

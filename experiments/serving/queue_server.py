@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Protocol
 
-from experiments.serving.request import Prompt, RequestRecord
+from experiments.core.request import Prompt, RequestRecord
 
 
 class Server(Protocol):

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
+from experiments.core.gpu_guards import tensorrt_options
+from experiments.core.recipe import Candidate, device_name
 from experiments.serving.engine import Engine, genai_batching, unpaged_prefix
-from experiments.serving.gpu_guards import tensorrt_options
 from experiments.serving.torch_quantize import quantize, torch_refusal
-from experiments.recipe import Candidate, device_name
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 COMPILE_MODES = ("none", "inductor", "tensorrt")

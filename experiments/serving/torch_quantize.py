@@ -51,8 +51,12 @@ def quantize(model, quantization: str, device: torch.device) -> None:
 
 
 def quantize_torchao(layers: torch.nn.Module, quantization: str) -> None:
-    from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig, Int4WeightOnlyConfig,
-                                      Int8WeightOnlyConfig, quantize_)
+    from torchao.quantization import (
+        Float8DynamicActivationFloat8WeightConfig,
+        Int4WeightOnlyConfig,
+        Int8WeightOnlyConfig,
+        quantize_,
+    )
 
     configs = {"int8": Int8WeightOnlyConfig,
                "int4": lambda: Int4WeightOnlyConfig(group_size=32, int4_packing_format="tile_packed_to_4d"),

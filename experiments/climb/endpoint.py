@@ -1,0 +1,155 @@
+"""`roi-ladder serve`: a candidate (baseline + named rungs) as an OpenAI-compatible endpoint; and
+`roi-ladder bench --endpoint`: the target's workload and load ladder against any such endpoint, logged to MLflow."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from experiments.climb.validation import load_rungs
+from experiments.core.errors import ConfigError
+from experiments.core.names import Tag
+from experiments.core.recipe import Candidate, Env
+from experiments.core.reports import BenchmarkReport
+from experiments.core.settings import check_settings
+from experiments.measure.benchmark import run_ladder
+from experiments.measure.load import check_load
+from experiments.record import benchmark_log, tracking
+from experiments.serving.servers import serve
+from experiments.targets.kinds import kind_of
+from experiments.targets.resolve import built_model_dir, kind_unbuilt, resolve, texts_unbuilt
+from experiments.targets.workload import Workload
+from optimizers.placement import placed
+
+# Sampled in this process, which for an endpoint run is the load generator, not the server.
+CLIENT_SIDE_METRICS = ("cpu_percent", "rss_mb_max")
+
+
+# --- serve ------------------------------------------------------------------------------------------------
+def candidate(cfg: DictConfig, rung_names: list[str], progress) -> Candidate:
+    """The ladder's baseline, then each named rung of the configured ladder in the order given."""
+    rungs = dict(load_rungs(cfg))
+    unknown = [n for n in rung_names if n not in rungs]
+    if unknown:
+        raise ConfigError(f"--rungs names {', '.join(unknown)}, not in the configured ladder",
+                          f"use some of: {', '.join(rungs)} (or pick another ladder=...)")
+    (base_name, base), *_ = rungs.items()
+    target, _, _ = resolve(cfg.target, Path(cfg.cache_dir), Path(cfg.data_dir), progress)
+    _completions_only(target.name, target.kind)
+    env = Env.detect()
+    try:
+        cand = base.apply(placed(target, cfg.target.get("device", "auto"), env))
+    except ValueError as exc:
+        raise ConfigError(str(exc), "set target.device to auto, cpu or a CUDA device this machine has") from None
+    for name in rung_names:
+        if name == base_name:
+            continue
+        if reason := rungs[name].check(env, cand):
+            raise ConfigError(f"rung {name!r} does not apply to {' + '.join(cand.rungs)}: {reason}",
+                              "drop it from --rungs, or name the rungs it builds on before it "
+                              "(e.g. --rungs onnxruntime,dynamic_batching)")
+        cand = rungs[name].apply(cand)
+    return cand
+
+
+def serve_candidate(cfg: DictConfig, rung_names: list[str], host: str, port: int, console) -> None:
+    """Build the candidate's engine and serve it until Ctrl-C."""
+    from transformers import AutoTokenizer
+
+    from experiments.serving import build_engine
+    from experiments.serving.http_server import bind, create_app, exposure_warning, run_forever, url_of
+
+    sock = bind(host, port)            # a port in use fails now, not after the engine build
+    engine = server = None
+    try:
+        with console.stage("building the candidate"):
+            cand = candidate(cfg, rung_names, console.note)
+            engine = build_engine(cand, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
+            server = serve(engine)
+            tokenizer = AutoTokenizer.from_pretrained(cand.target.model_dir)
+        recipe = cand.recipe
+        console.console.print(f"serving [bold]{cand.target.name}[/bold] ({' + '.join(cand.rungs)}: {recipe.engine}, "
+                              f"{recipe.precision}, batching {recipe.batching}) on {url_of(sock)}/v1 — Ctrl-C stops")
+        if warning := exposure_warning(host):
+            console.console.print(f"[bold yellow]warning:[/bold yellow] {warning}")
+        run_forever(create_app(server, tokenizer, cand.target.name), sock)
+    finally:
+        if server is not None:
+            server.close()
+        if engine is not None:
+            engine.close()
+        sock.close()
+
+
+# --- bench ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EndpointBench:
+    report: BenchmarkReport
+    model: str
+    run_id: str
+
+
+def endpoint_tokenizer(cfg_target, cache_dir: Path, given: Path | None) -> tuple[Path, str]:
+    """(the folder whose tokenizer makes the prompts, where it came from). Nothing is built: benchmarking
+    someone's server must not train or convert a model first."""
+    if given is not None:
+        given = Path(given).expanduser()
+        if not any((given / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+            raise ConfigError(f"--tokenizer {given} holds no tokenizer (tokenizer.json or tokenizer_config.json)",
+                              "pass the folder of the model the endpoint serves (or one with its tokenizer files)")
+        return given, "--tokenizer"
+    if (built := built_model_dir(cfg_target, cache_dir)) is not None:
+        return built, f"target {cfg_target.name}'s model folder"
+    raise ConfigError(f"bench --endpoint needs the served model's tokenizer, and target {cfg_target.name}'s model is "
+                      f"not built here ({cfg_target.source}); it is not built for a benchmark of another server",
+                      "pass --tokenizer DIR (the folder of the model the endpoint serves), or "
+                      "target=folder target.source=DIR")
+
+
+def _completions_only(name: str, kind: str) -> None:
+    if not kind_of(kind).decodes:
+        raise ConfigError(f"target {name!r} is an encoder ({kind}); the HTTP transport speaks "
+                          "/v1/completions only", "benchmark an encoder in process: roi-ladder sweep target=...")
+
+
+def bench_endpoint(cfg: DictConfig, url: str, model: str | None, prompt_format: str, console,
+                   tokenizer_dir: Path | None = None) -> EndpointBench:
+    """The target's workload against someone's server; no model is built (the tokenizer makes the prompts)."""
+    from transformers import AutoTokenizer
+
+    from experiments.serving.http_client import EndpointServer, check_url
+
+    check_settings(cfg, "benchmark.", "target.workload.")
+    check_load(cfg.benchmark)
+    check_url(url)
+    _completions_only(str(cfg.target.name), kind_unbuilt(cfg.target))
+    folder, which = endpoint_tokenizer(cfg.target, Path(cfg.cache_dir), tokenizer_dir)
+    tracking.probe(cfg.tracking)        # nothing recorded until the endpoint has answered
+    with console.stage("target: loading the workload"):
+        console.note(f"tokenizer: {folder} ({which})")
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        wl = cfg.target.workload
+        workload = Workload.from_texts(texts_unbuilt(cfg.target), tokenizer, wl.input_tokens, wl.output_tokens,
+                                       int(wl.prompts), max(8, cfg.benchmark.warmup_requests), cfg.seed)
+    server = EndpointServer(url, model, prompt_format, tokenizer, timeout_s=float(cfg.benchmark.request_timeout_s))
+    try:
+        experiment_id = tracking.connect(cfg.tracking)
+        server.prepare(workload.warmup + workload.prompts)
+        with console.stage(f"load ladder against {server.url} ({server.model})") as st:
+            report = run_ladder(server, workload, cfg.benchmark, cfg.gate.confidence,
+                                on_level=lambda c: st.update(f"{server.url}: load at {c}"))
+    finally:
+        server.close()
+    tags = {Tag.KIND: "endpoint-bench", Tag.ENDPOINT: server.url, Tag.MODEL: server.model,
+            Tag.TARGET: str(cfg.target.name), Tag.TOKENIZER: f"{folder} ({which})", Tag.PROMPT_FORMAT: prompt_format, "git_commit": tracking.git_commit(),
+            Tag.QUEUE_MODEL_SPLIT: "not observable behind an endpoint"}
+    with tracking.run("endpoint-bench", experiment_id, tags=tags) as run:
+        tracking.log_params(tracking.flatten({"benchmark": OmegaConf.to_container(cfg.benchmark, resolve=True),
+                                              "workload": OmegaConf.to_container(wl, resolve=True),
+                                              "endpoint": server.url, "model": server.model}))
+        tracking.log_series({(f"client_{k}" if k in CLIENT_SIDE_METRICS else k): v
+                             for k, v in benchmark_log.metric_series(report).items()})
+        tracking.log_text(benchmark_log.samples_csv(report), "benchmark/samples.csv")
+        tracking.set_tags({f"validity.{k}": str(v) for k, v in report.validity().items()})
+    return EndpointBench(report, server.model, run.info.run_id)

@@ -1,0 +1,131 @@
+"""After the ladder: the three-layer diagnosis of every measured rung and of the champion (its decode step
+profiled in a child process), and the sweep's plots."""
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import mlflow
+from omegaconf import DictConfig
+
+from experiments.analyse import diagnose, roofline
+from experiments.climb.rung import Sweep
+from experiments.core.names import Tag
+from experiments.core.recipe import Candidate
+from experiments.core.secrets import scrub_text
+from experiments.measure import isolation
+from experiments.record import tracking
+from experiments.record.outcome import RungOutcome
+from experiments.serving import build_engine
+from experiments.targets.kinds import kind_of
+
+log = logging.getLogger(__name__)
+
+
+def diagnose_sweep(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: Sweep) -> None:
+    """The seed's three-layer drill-down (experiments/analyse/diagnose.py): tags `roi.diagnosis` and
+    `roi.recommended_next_rung` on every measured rung's run, and on the sweep's run for the champion, whose
+    decode step is profiled too; a profiler that fails costs the table, not the sweep."""
+
+    cfg = sweep.cfg
+    rules, hardware = cfg.diagnosis, roofline.Hardware.from_conf(cfg.hardware)   # local CPU: measured once, here
+    tried, names = {o.name: o.verdict.status for o in outcomes}, [o.name for o in outcomes]
+    client, found = mlflow.tracking.MlflowClient(), {}
+    for o in outcomes:
+        if o.bench is None or o.candidate is None or not o.run_id:
+            continue
+        try:
+            found[o.name] = diagnose.diagnose(o.bench, _place_on_roofline(o.candidate, cfg.target.workload,
+                                              hardware), rules, o.candidate.rungs, tried, names)
+            diagnose.log_to_run(client, o.run_id, found[o.name])
+        except Exception as exc:  # noqa: BLE001  (a diagnosis that breaks is recorded, the sweep goes on)
+            log.exception("diagnosing %s failed", o.name)
+            client.set_tag(o.run_id, Tag.DIAGNOSIS, scrub_text(f"failed: {type(exc).__name__}: {str(exc)[:400]}"))
+    if champion is None or champion.name not in found:
+        return
+    placed = _place_on_roofline(champion.candidate, cfg.target.workload, hardware)
+    if placed is None:
+        tracking.set_tag(Tag.DIAGNOSIS_MODEL_LAYER, "not placed: the roofline model counts a decoder's layers")
+    else:
+        _diagnose_model_layer(placed)
+    profile = _profile_champion(champion, sweep)
+    result = replace(found[champion.name], profile=profile)
+    tracking.set_tags(result.tags())
+    mlflow.log_metrics(result.to_metrics())
+    tracking.log_text(result.to_markdown(), "diagnosis/diagnosis.md")
+    sweep.ui.note(f"diagnosis of {champion.name}: {result.tag}\n  recommended next rung: {result.next_rung}")
+
+
+def _profile_champion(champion: RungOutcome, sweep: Sweep):
+    """The champion's decode step under its engine's profiler; None (with the reason tagged) when there is no
+    decode step or the profiler fails — that costs the table, not the sweep."""
+    cfg, rules = sweep.cfg, sweep.cfg.diagnosis
+    if not kind_of(champion.candidate.target.kind).decodes:
+        tracking.set_tag(Tag.DIAGNOSIS_FRAMEWORK_PROFILE, "not applicable: the profile is of a decode step, and "
+                                                          "an encoder has none")
+        return None
+    try:
+        with sweep.ui.stage(f"diagnosis: profiling {champion.name}'s decode step"):
+            ids = [t for p in sweep.workload.prompts for t in p.token_ids][:int(rules.profile.prompt_tokens)]
+            job = (champion.candidate, int(cfg.threads), Path(cfg.cache_dir) / "artefacts", ids,
+                   int(rules.profile.decode_steps))
+            if not cfg.isolation.enabled:
+                profile = _profile_decode(*job)
+            else:   # a profiler that crashes costs the table, not the sweep (nor every resume of it)
+                done = isolation.run(_profile_decode, job, isolation.Limits.for_rung(cfg.isolation, "diagnosis"),
+                                     sweep.logs / "diagnosis-profile.log")
+                if done.failure:
+                    raise RuntimeError(done.failure)
+                profile = done.value
+        tracking.log_text(profile.to_markdown(int(rules.profile.top_ops)), "diagnosis/framework_profile.md")
+        mlflow.log_metrics(profile.to_metrics())
+        return profile
+    except Exception as exc:  # noqa: BLE001  (the diagnosis says what it could not do)
+        log.exception("profiling the champion failed")
+        tracking.set_tag(Tag.DIAGNOSIS_FRAMEWORK_PROFILE, f"failed: {type(exc).__name__}: {str(exc)[:400]}")
+        return None
+
+
+def _profile_decode(cand: Candidate, threads: int, artefacts: Path, ids: list[int], steps: int):
+    from experiments.analyse import profiling
+
+    engine = build_engine(cand, threads, artefacts)
+    try:
+        return profiling.profile_decode(engine, ids, steps)
+    finally:
+        engine.close()
+
+
+def _diagnose_model_layer(report) -> None:
+    """The champion on the roofline of the configured hardware (the seed's model-layer drill-down)."""
+    from experiments.analyse import roofline
+
+    mlflow.log_metrics(report.to_metrics())
+    mlflow.log_figure(roofline.plot(report), "diagnosis/roofline.png")
+    tracking.log_text(report.to_markdown(), "diagnosis/roofline.md")
+    tracking.set_tag(Tag.DIAGNOSIS_MODEL_LAYER, report.summary()[:5000])
+
+
+def sweep_figures(outcomes: list[RungOutcome], champion: RungOutcome | None, cfg: DictConfig) -> dict:
+    """The sweep's plots, by the artefact path each is logged at."""
+    from experiments.record import report
+
+    obj = cfg.gate.objective
+    level = int(max(cfg.benchmark.concurrency)) if obj.concurrency == "max" else int(obj.concurrency)
+    return {"plots/ladder_waterfall.png": report.waterfall(outcomes, obj.metric, obj.stat, level),
+            "plots/latency_vs_concurrency.png": report.latency_vs_load(outcomes[0], champion),
+            "plots/pareto_latency_accuracy.png": report.pareto(outcomes, obj.metric, obj.stat, level)}
+
+
+def _place_on_roofline(cand, workload, hardware):
+    """The candidate's model and recipe on `hardware`'s roofline, for the target's longest prompt and context;
+    None where the roofline's counts do not fit the target's kind (they count a decoder's layers)."""
+    recipe = cand.recipe
+    shape = kind_of(cand.target.kind).roofline_shape(cand.target.model_dir)
+    if shape is None:
+        return None
+    return roofline.Roofline.analyse(
+        shape, hardware, *roofline.weight_and_kv_bytes(recipe.precision, recipe.quantization),
+        prefill_tokens=max(workload.input_tokens), decode_batch=max(1, recipe.max_batch),
+        context=max(workload.input_tokens) + max(workload.output_tokens))

@@ -1,0 +1,27 @@
+"""Engine artefacts (exported graphs, compressed weights) in folders named by a hash of what made them.
+
+Built once under a lock and checked by checksum on reuse (experiments/core/cache.py), so parallel sweeps share
+them, and a crash or a corrupted file means a rebuild, never a half artefact."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from experiments.core.cache import build_once
+
+log = logging.getLogger(__name__)
+
+
+def weights_digest(model_dir: Path) -> list[str]:
+    return [hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(model_dir).glob("*.safetensors"))]
+
+
+def cached(root: Path, prefix: str, recipe: dict, build: Callable[[Path], None],
+           note: Callable[[str], None] = log.warning) -> tuple[Path, bool]:
+    """(folder, reused): `root/<prefix>-<hash of recipe>`, built by `build(folder)` once (experiments/core/cache.py)."""
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    out = Path(root) / f"{prefix}-{key}"
+    return out, build_once(out, build, "cached artefact", note)

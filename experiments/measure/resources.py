@@ -1,0 +1,122 @@
+"""What a serving process costs while it runs: CPU, resident memory, GPU utilisation and memory (NVML), KV blocks."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import psutil
+
+from experiments.core.reports import ResourceSeries
+
+
+class ResourceSampler:
+    """CPU utilisation and RSS of this (serving) process, GPU utilisation and memory through NVML when a CUDA
+    device is present, and the KV blocks a paged-cache server holds, sampled in the background."""
+
+    def __init__(self, interval_s: float = 0.25, kv_probe=None):
+        self.interval_s = interval_s
+        self.cpu: list[float] = []
+        self.rss_mb: list[float] = []
+        self.gpu_util: list[float] = []
+        self.gpu_mem_mb: list[float] = []
+        self.kv_mb: list[float] = []
+        self.host_mem_percent: list[float] = []
+        self.gpu_mem_total_mb: float | None = None
+        self.gpu_proc_mem_mb: list[float] = []   # this process's own share, where the driver reports it
+        self.gpu_skipped = ""
+        self.gpu_proc_skipped = ""
+        self._kv_probe = kv_probe
+        self._stop = threading.Event()
+        self._proc = psutil.Process()
+        self._gpu = self._nvml_handle()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _nvml_handle(self):
+        import torch
+
+        if not torch.cuda.is_available():
+            self.gpu_skipped = "no CUDA device: GPU sampling not applicable here"
+            return None
+        try:
+            import pynvml
+        except ImportError:
+            self.gpu_skipped = "nvidia-ml-py is not installed (pip install -e '.[gpu]')"
+            return None
+        pynvml.nvmlInit()
+        # the engine made its device the current one (TorchEngine, TorchEncoder)
+        return nvml_handle(pynvml, torch.cuda.current_device())
+
+    def _sample_gpu(self) -> None:
+        import pynvml
+
+        self.gpu_util.append(float(pynvml.nvmlDeviceGetUtilizationRates(self._gpu).gpu))
+        memory = pynvml.nvmlDeviceGetMemoryInfo(self._gpu)
+        self.gpu_mem_mb.append(memory.used / 2**20)
+        self.gpu_mem_total_mb = memory.total / 2**20
+        if self.gpu_proc_skipped:
+            return
+        mine = process_gpu_memory(pynvml, self._gpu, self._proc.pid)
+        if mine is None:
+            self.gpu_proc_skipped = ("the driver does not report this process's GPU memory (a container's PID "
+                                     "namespace, or a MIG or vGPU device): device-wide memory only")
+        else:
+            self.gpu_proc_mem_mb.append(mine / 2**20)
+
+    def __enter__(self):
+        self._proc.cpu_percent(None)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(self.interval_s):
+            self.cpu.append(self._proc.cpu_percent(None))
+            self.rss_mb.append(self._proc.memory_info().rss / 2**20)
+            self.host_mem_percent.append(psutil.virtual_memory().percent)
+            if self._gpu is not None:
+                self._sample_gpu()
+            usage = self._kv_probe() if self._kv_probe else None
+            if usage is not None:
+                self.kv_mb.append(usage.mb_in_use)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def series(self) -> ResourceSeries:
+        return ResourceSeries(self.interval_s, tuple(self.cpu), tuple(self.rss_mb), tuple(self.host_mem_percent),
+                              tuple(self.gpu_util), tuple(self.gpu_mem_mb), self.gpu_mem_total_mb,
+                              psutil.cpu_count() or 1, self.gpu_skipped, tuple(self.gpu_proc_mem_mb),
+                              self.gpu_proc_skipped)
+
+    def summary(self) -> dict[str, float | None]:
+        mean = lambda xs: float(np.mean(xs)) if xs else None  # noqa: E731
+        peak = lambda xs: float(max(xs)) if xs else None  # noqa: E731
+        return {"cpu_percent_mean": mean(self.cpu) or 0.0,
+                "rss_mb_max": peak(self.rss_mb) or psutil.Process().memory_info().rss / 2**20,
+                "gpu_util_mean": mean(self.gpu_util), "gpu_mem_mb_max": peak(self.gpu_mem_mb),
+                "gpu_proc_mem_mb_max": peak(self.gpu_proc_mem_mb), "kv_mb_max": peak(self.kv_mb)}
+
+
+def nvml_handle(pynvml, torch_index: int):
+    """NVML's handle for torch's cuda:<torch_index>. NVML numbers every device of the machine; torch numbers those
+    CUDA_VISIBLE_DEVICES leaves, in CUDA_DEVICE_ORDER: the UUID is the one name both give the same device."""
+    import torch
+
+    uuid = str(torch.cuda.get_device_properties(torch_index).uuid)
+    # torch prints the bare UUID; NVML names a GPU "GPU-<uuid>" and a MIG instance "MIG-<uuid>"
+    names = [uuid] if uuid.startswith(("GPU-", "MIG-")) else [f"GPU-{uuid}", f"MIG-{uuid}"]
+    for name in names:
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(name)
+        except pynvml.NVMLError_NotFound:
+            continue
+    raise RuntimeError(f"NVML has no device with the UUID of torch's cuda:{torch_index} ({uuid})")
+
+
+def process_gpu_memory(pynvml, handle, pid: int) -> int | None:
+    """Bytes of GPU memory `pid` holds on the device, or None when the driver does not say: NVML lists compute
+    processes by host PID (a container sees other numbers) and reports no per-process figure on some devices."""
+    used = [p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == pid]
+    if not used or any(u is None for u in used):
+        return None
+    return sum(used)
