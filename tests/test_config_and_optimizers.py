@@ -28,7 +28,7 @@ def test_every_profile_composes(profile, tmp_path):
 
 
 def test_smollm2_brings_its_own_profile_and_the_command_line_still_wins(tmp_path):
-    # `make sweep target=smollm2` must run what the README measured: profile=smollm2, not the tiny model's demo
+    # `make sweep target=smollm2` must run what docs/results.md measured: profile=smollm2, not the tiny model's demo
     cfg = compose(["target=smollm2", f"data_dir={tmp_path}"])
     assert cfg.profile_name == "smollm2"
     assert list(cfg.benchmark.concurrency) == [1, 4]

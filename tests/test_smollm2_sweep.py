@@ -34,10 +34,10 @@ def test_a_short_sweep_on_smollm2_records_every_verdict(tmp_path):
     assert sorted(rungs) == ["baseline", "onnxruntime"]
     base, ort = rungs["baseline"], rungs["onnxruntime"]
     assert base.tags["roi.verdict"] == "accepted", base.tags["roi.reason"]
-    # an exact engine swap, ~3x the baseline's tokens/s here (README): accepted, not only decided
+    # an exact engine swap, ~3x the baseline's tokens/s here (docs/results.md): accepted, not only decided
     assert_decided(ort, "onnxruntime", passes=("fidelity", "generation_agreement"))
     assert ort.tags["roi.verdict"] == "accepted", ort.tags["roi.reason"]
-    # well above chance (0.25: four choices) on the task's first 8 documents (README: on all of them)
+    # well above chance (0.25: four choices) on the task's first 8 documents (docs/models.md: on all of them)
     assert base.metrics["accuracy/smollm2_facts/acc"] >= 0.5 and base.metrics["agreement/share"] == 1.0
     assert ort.params["recipe.engine"] == "onnxruntime"
     parent = next(r.data for r in runs if r.data.tags.get("roi.kind") == "sweep")

@@ -3,7 +3,7 @@
 Run by the system Python before the venv has any package, so standard library only. pip says what it collected
 and downloaded but not how many packages remain, so what remains is estimated from the last install's length
 and package count on this machine (.venv/.install-timing.json), or on a first install from the one measured on a
-fresh 2-core clone (FIRST_INSTALL_S, README), and said to be that.
+fresh 2-core clone (FIRST_INSTALL_S, docs/ladder.md), and said to be that.
 """
 from __future__ import annotations
 
