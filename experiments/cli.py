@@ -5,7 +5,17 @@ import os
 import sys
 from pathlib import Path
 
-from experiments.climb.overrides import CONF_DIR
+from experiments.climb import endpoint
+from experiments.climb.ladder import run_sweep
+from experiments.climb.overrides import CONF_DIR, check_sweep_args, compose, explain
+from experiments.core.errors import ConfigError, SweepInterrupted
+from experiments.core.interrupts import Terminated, exit_on_sigterm
+from experiments.core.secrets import guard_console, scrub_text
+from experiments.record import registry
+from experiments.record.console import SweepConsole, level_table, quiet_libraries
+from experiments.record.ui import serve_ui
+from experiments.serving.http_client import PROMPT_FORMATS
+from experiments.serving.http_server import DEFAULT_HOST
 
 USAGE = """usage: roi-ladder COMMAND [hydra overrides]
   sweep   climb the ladder (e.g. roi-ladder sweep profile=quick; --multirun target=a,b)
@@ -24,9 +34,6 @@ USAGE = """usage: roi-ladder COMMAND [hydra overrides]
 
 
 def main() -> None:
-    from experiments.core.interrupts import exit_on_sigterm
-    from experiments.core.secrets import guard_console
-
     exit_on_sigterm()
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -49,9 +56,6 @@ def _command(command: str, rest: list[str]) -> int:
     if command in HTTP_COMMANDS:
         return _http_command(command, rest)
     if command == "ui":
-        from experiments.record.console import quiet_libraries
-        from experiments.record.ui import serve_ui
-
         quiet_libraries()
         return serve_ui(_compose(rest))
     print(f"roi-ladder: unknown command {command!r}\n{USAGE}", file=sys.stderr)
@@ -63,10 +67,6 @@ def guarded(work) -> int:
     never a traceback. Bad input (a ConfigError, a Hydra override, a folder that cannot be made) exits 2; an
     unexpected failure exits 1 with its traceback kept in a file."""
     from hydra.errors import HydraException
-
-    from experiments.climb.overrides import explain
-    from experiments.core.errors import ConfigError
-    from experiments.core.interrupts import Terminated
 
     try:
         return work() or 0
@@ -96,8 +96,6 @@ def crashed(exc: BaseException) -> int:
     import tempfile
     import traceback
 
-    from experiments.core.secrets import scrub_text
-
     with tempfile.NamedTemporaryFile("w", prefix="roi-ladder-traceback-", suffix=".txt", delete=False) as f:
         f.write(scrub_text("".join(traceback.format_exception(exc))))
     print(f"error: {type(exc).__name__}: {one_line(str(exc))[:500]}. this is not a known input mistake; the "
@@ -115,9 +113,6 @@ REGISTRY_COMMANDS = ("promote", "rollback", "status", "capacity")
 def _registry_command(command: str, argv: list[str]) -> int:
     """promote / rollback / status: flags via argparse, everything else is a Hydra override."""
     import argparse
-
-    from experiments.record import registry
-    from experiments.record.console import quiet_libraries
 
     parser = argparse.ArgumentParser(prog=f"roi-ladder {command}", allow_abbrev=False,
                                      epilog="other arguments are Hydra overrides, e.g. data_dir=... target=...")
@@ -154,11 +149,6 @@ HTTP_COMMANDS = ("serve", "bench")
 def _http_command(command: str, argv: list[str]) -> int:
     """serve / bench --endpoint: flags via argparse, everything else is a Hydra override."""
     import argparse
-
-    from experiments.climb import endpoint
-    from experiments.record.console import SweepConsole, level_table, quiet_libraries
-    from experiments.serving.http_client import PROMPT_FORMATS
-    from experiments.serving.http_server import DEFAULT_HOST
 
     parser = argparse.ArgumentParser(prog=f"roi-ladder {command}", allow_abbrev=False,
                                      epilog="other arguments are Hydra overrides, e.g. benchmark.concurrency=[1,4]")
@@ -197,8 +187,6 @@ def _http_command(command: str, argv: list[str]) -> int:
 
 
 def _compose(overrides: list[str]):
-    from experiments.climb.overrides import compose
-
     return compose(overrides)
 
 
@@ -207,16 +195,12 @@ def _sweep_app() -> int:
     its own error (whose "Error executing job with overrides: [...]" line would echo a password)."""
     import hydra
 
-    from experiments.climb.overrides import check_sweep_args
-
     check_sweep_args(sys.argv[1:])
     codes: list[int] = []
     this_process = os.getpid()
 
     @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
     def sweep(cfg) -> None:
-        from experiments.core.secrets import guard_console
-
         guard_console()          # again: a launcher (joblib, submitit) may run the job in a process of its own
         scrub_hydra_record()
         code = guarded(lambda: _sweep_job(cfg))
@@ -244,8 +228,6 @@ def scrub_hydra_record() -> None:
 
     from hydra.core.hydra_config import HydraConfig
 
-    from experiments.core.secrets import scrub_text
-
     hydra_cfg = HydraConfig.get()
     saved = [Path(hydra_cfg.sweep.dir) / "multirun.yaml"]   # a multirun's, written before its first job
     if hydra_cfg.output_subdir is not None:
@@ -255,10 +237,6 @@ def scrub_hydra_record() -> None:
 
 
 def _sweep_job(cfg) -> int:
-    from experiments.climb.ladder import run_sweep
-    from experiments.core.errors import SweepInterrupted
-    from experiments.record.console import SweepConsole, quiet_libraries
-
     quiet_libraries()
     ui = SweepConsole()
     try:

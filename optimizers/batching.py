@@ -10,6 +10,7 @@ our own over a left-padded batched KV cache (experiments/serving/iteration.py) â
 CPU Engine batches statically only.
 """
 from experiments.core.recipe import Candidate, Env
+from experiments.serving import continuous_changes, refusal
 from optimizers.base import Optimizer
 
 KINDS = ("static", "dynamic", "continuous")
@@ -42,8 +43,6 @@ class Batching(Optimizer):
         self.scheduler = scheduler or "transformers"
 
     def check(self, env: Env, cand: Candidate) -> str | None:
-        from experiments.serving import refusal
-
         recipe = cand.recipe
         if recipe.batching in KINDS and KINDS.index(self.kind) <= KINDS.index(recipe.batching):
             return f"the champion already uses {recipe.batching} batching"
@@ -60,8 +59,6 @@ class Batching(Optimizer):
         return None
 
     def apply(self, cand: Candidate) -> Candidate:
-        from experiments.serving import continuous_changes
-
         changes = {"batching": self.kind, "max_batch": self.max_batch, "max_wait_ms": self.max_wait_ms}
         if self.kind == "continuous":
             changes.update(kv_block_size=self.kv_block_size, kv_num_blocks=self.kv_num_blocks,

@@ -1,6 +1,7 @@
 """CUDA Graph: the decode step captured once and replayed over a static KV cache allocated once per engine
 (experiments/serving/cuda_graph_engine.py). Launch overhead is what it removes, so it exists only on a CUDA device."""
 from experiments.core.recipe import Candidate, Env
+from experiments.serving import refusal
 from optimizers.base import Optimizer
 
 
@@ -12,8 +13,6 @@ class CudaGraph(Optimizer):
         return None if env.cuda else "CUDA Graph replays GPU kernel launches: no CUDA device is present"
 
     def check(self, env: Env, cand: Candidate) -> str | None:
-        from experiments.serving import refusal
-
         if reason := self.machine_check(env):
             return reason
         if cand.recipe.cuda_graph:

@@ -15,9 +15,12 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from experiments.analyse.diagnose import POINTS_AWAY_FROM_MODEL, default_rules, resource_layer
 from experiments.core.names import Metric
 from experiments.core.recipe import Candidate, Env
+from experiments.targets.distill_data import NoTrainingText, Sources, training_text
 from experiments.targets.kinds import kind_of
+from experiments.targets.models.student import DistillSettings, distill
 from optimizers.base import Optimizer
 
 log = logging.getLogger(__name__)
@@ -41,8 +44,6 @@ class Evidence:
 
     @classmethod
     def from_bench(cls, bench, resource_rules=None) -> "Evidence":
-        from experiments.analyse.diagnose import POINTS_AWAY_FROM_MODEL, default_rules, resource_layer
-
         layer = resource_layer(bench.levels, resource_rules or default_rules().resource)
         away = tuple(f.brief() for f in layer.fired if f.rule in POINTS_AWAY_FROM_MODEL)
         top = bench.levels[-1]
@@ -91,9 +92,6 @@ class Distillation(Optimizer):
                  stdlib_heldout_every: int | None = None, force: bool = False, model_share_min: float = 0.7,
                  resource_rules=None, accuracy_tasks=(), accuracy_include_path: str | None = None,
                  accuracy_limit: int | None = None, workload_prompts=None, workload_corpus: str | None = None):
-        from experiments.targets.distill_data import Sources
-        from experiments.targets.models.student import DistillSettings
-
         if not 0 < model_share_min <= 1:
             raise ValueError(f"model_share_min must be in (0, 1], got {model_share_min}")
         self.student_layers = student_layers   # null: half the teacher's layers, known once it is seen
@@ -162,8 +160,6 @@ class Distillation(Optimizer):
 
     def with_training_text(self, cand: Candidate, decision: str) -> str | None:
         """Once the rung would run: the text its student learns from (None), or why there is none."""
-        from experiments.targets.distill_data import NoTrainingText, training_text
-
         try:
             self.training = training_text(self.sources, Path(cand.target.model_dir))
         except NoTrainingText as exc:
@@ -183,9 +179,6 @@ class Distillation(Optimizer):
         return cand
 
     def apply(self, cand: Candidate) -> Candidate:
-        from experiments.targets.distill_data import training_text
-        from experiments.targets.models.student import distill
-
         if self.training is None:   # applied without `check`
             self.training = training_text(self.sources, Path(cand.target.model_dir))
         log.info("the student learns from %s", self.training.source)

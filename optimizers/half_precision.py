@@ -1,6 +1,7 @@
 """FP16 / BF16 weights and activations: bf16 on CPU, bf16 or fp16 on a GPU (both set in the rung's YAML). bf16 on a
 GPU by default: torchao's int4 kernel computes in bf16 only, and bf16 keeps fp32's range."""
 from experiments.core.recipe import Candidate, Env
+from experiments.serving import refusal
 from optimizers.base import Optimizer
 
 HALF = ("bf16", "fp16")
@@ -19,8 +20,6 @@ class HalfPrecision(Optimizer):
         return self.cuda_dtype if cand.recipe.execution_provider == "cuda" else self.cpu_dtype
 
     def check(self, env: Env, cand: Candidate) -> str | None:
-        from experiments.serving import refusal
-
         recipe = cand.recipe
         if recipe.precision in HALF:
             return f"the champion already runs {recipe.precision}"

@@ -1,6 +1,7 @@
 """Engine swap: torch eager -> ONNX Runtime: onnxruntime-genai for a causal LM (exported graph + C++ decode loop),
 an exported pooled graph in an InferenceSession for an encoder."""
 from experiments.core.recipe import Candidate, Env
+from experiments.serving import refusal
 from optimizers.base import Optimizer
 
 
@@ -21,8 +22,6 @@ class OnnxRuntimeSwap(Optimizer):
         return None
 
     def check(self, env: Env, cand: Candidate) -> str | None:
-        from experiments.serving import refusal
-
         if reason := self.machine_check(env):
             return reason
         if cand.recipe.engine == "onnxruntime":

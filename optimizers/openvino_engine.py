@@ -4,6 +4,7 @@ weights compressed by NNCF at the quantization rungs."""
 from importlib.util import find_spec
 
 from experiments.core.recipe import Candidate, Env
+from experiments.serving import refusal
 from optimizers.base import Optimizer
 
 
@@ -17,8 +18,6 @@ class OpenVinoSwap(Optimizer):
         return None
 
     def check(self, env: Env, cand: Candidate) -> str | None:
-        from experiments.serving import refusal
-
         recipe = cand.recipe
         if reason := self.machine_check(env):
             return reason

@@ -9,6 +9,7 @@
 | fp8    | no FP8 path: not applicable         | no FP8 path: n/a    | no kernel: n/a      | torchao float8 (compute cap >= 8.9) |
 """
 from experiments.core.recipe import Candidate, Env
+from experiments.serving import refusal
 from optimizers.base import Optimizer
 
 SCHEMES = ("int8", "int4", "fp8")
@@ -34,8 +35,6 @@ class WeightQuantization(Optimizer):
         return None
 
     def check(self, env: Env, cand: Candidate) -> str | None:
-        from experiments.serving import refusal
-
         if reason := self.machine_check(env):   # the machine rules it out, whatever the champion is
             return reason
         if cand.recipe.quantization != "none":

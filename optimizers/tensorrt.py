@@ -8,6 +8,7 @@ alone (half precision is a rung of its own).
 import importlib.util
 
 from experiments.core.recipe import Candidate, Env
+from experiments.serving import refusal
 from optimizers.base import Optimizer
 
 
@@ -23,8 +24,6 @@ class TensorRT(Optimizer):
         return None
 
     def check(self, env: Env, cand: Candidate) -> str | None:
-        from experiments.serving import refusal
-
         if reason := self.machine_check(env):
             return reason
         if cand.recipe.compile == "tensorrt":

@@ -1,5 +1,6 @@
 """Engine swap inside torch: eager -> torch.compile (inductor). Compile time is paid at build, reported apart."""
 from experiments.core.recipe import Candidate, Env
+from experiments.serving import refusal
 from optimizers.base import Optimizer
 
 
@@ -8,8 +9,6 @@ class TorchCompile(Optimizer):
     cost = "zero"
 
     def check(self, env: Env, cand: Candidate) -> str | None:
-        from experiments.serving import refusal
-
         if cand.recipe.compile != "none" or cand.recipe.cuda_graph:
             return "the champion is already compiled"
         return refusal(self.apply(cand))

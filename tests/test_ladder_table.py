@@ -4,7 +4,7 @@ from test_gate import bench_with_e2e
 
 from experiments.judge.gate import Verdict
 from experiments.record.outcome import RungOutcome, cell, markdown_table
-from experiments.record.report import champion_line, waterfall
+from experiments.record.plots import champion_line, waterfall
 
 
 def outcomes():

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.core.names import Metric, Tag
+from experiments.core.secrets import scrub_text
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "diagnosis" / "default.yaml"
 POINTS_AWAY_FROM_MODEL = ("cpu_side", "memory_capacity", "swinging")
@@ -317,8 +318,6 @@ def _saturation(levels, r) -> Finding:
 
 def log_to_run(client, run_id: str, diagnosis: Diagnosis) -> None:
     """Tags, shares and diagnosis/diagnosis.md on a (finished) rung run."""
-    from experiments.core.secrets import scrub_text
-
     for key, value in diagnosis.tags().items():
         client.set_tag(run_id, key, scrub_text(value))
     for key, value in diagnosis.to_metrics().items():

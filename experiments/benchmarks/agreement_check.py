@@ -21,9 +21,16 @@ from rich.table import Table
 
 from experiments.benchmarks.agreement_variants import BROKEN, HARMLESS, OTHER, VariantEngine
 from experiments.benchmarks.common import compose_default
+from experiments.core.recipe import Candidate
 from experiments.judge import agreement
 from experiments.judge.fidelity import BaselineLogprobs, fixed_sequences, judge as fidelity_judge, logprob_scorer
 from experiments.record.console import quiet_libraries
+from experiments.serving import build_engine
+from experiments.targets.kinds.causal_lm import CausalLMScorer
+from experiments.targets.resolve import resolve
+from optimizers.baseline import EagerBaseline
+from optimizers.onnxruntime_engine import OnnxRuntimeSwap
+from optimizers.quantization import WeightQuantization
 
 
 def flip_margins(ref: BaselineLogprobs, engine) -> np.ndarray:
@@ -38,12 +45,6 @@ def flip_margins(ref: BaselineLogprobs, engine) -> np.ndarray:
 
 
 def onnxruntime_engines(cfg, target, threads: int) -> dict:
-    from experiments.core.recipe import Candidate
-    from experiments.serving import build_engine
-    from optimizers.baseline import EagerBaseline
-    from optimizers.onnxruntime_engine import OnnxRuntimeSwap
-    from optimizers.quantization import WeightQuantization
-
     ort = OnnxRuntimeSwap().apply(EagerBaseline().apply(Candidate(target)))
     artefacts = Path(cfg.cache_dir) / "artefacts"
     return {"onnxruntime fp32 (exact swap)": lambda _: build_engine(ort, threads, artefacts),
@@ -60,9 +61,6 @@ def main(argv=None) -> None:
     quiet_libraries()
     console = Console(width=160)
     from transformers import AutoModelForCausalLM
-
-    from experiments.targets.kinds.causal_lm import CausalLMScorer
-    from experiments.targets.resolve import resolve
 
     probe = compose_default(args.overrides)
     per_trial = int(probe.target.agreement.prompts)

@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import torch
 
+from experiments.serving.torch_quantize import quantize
+
 
 class VariantEngine:
     """A causal LM decoded greedily with a KV cache, with a fault (or a harmless change) put in."""
@@ -90,8 +92,6 @@ def int8_weight_only(model):
 
 def int8_dynamic(model):
     """The torch int8 rung on CPU: per-tensor int8 weights and activations quantized per step."""
-    from experiments.serving.torch_quantize import quantize
-
     m = _copy(model)
     quantize(m, "int8", torch.device("cpu"))
     return VariantEngine(m)

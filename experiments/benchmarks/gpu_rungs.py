@@ -22,8 +22,21 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from experiments.benchmarks.common import default_setup
 from experiments.core.names import Metric
 from experiments.core.recipe import Env
+from experiments.judge.fidelity import BaselineLogprobs, fixed_sequences
+from experiments.measure.benchmark import run_benchmark
+from experiments.record.console import quiet_libraries
+from experiments.serving import build_engine
+from optimizers.baseline import EagerBaseline
+from optimizers.batching import Batching
+from optimizers.cuda_graph import CudaGraph
+from optimizers.half_precision import HalfPrecision
+from optimizers.onnxruntime_engine import OnnxRuntimeSwap
+from optimizers.placement import placed
+from optimizers.quantization import WeightQuantization
+from optimizers.tensorrt import TensorRT
 
 RUNGS = ("eager", "bf16", "fp16", "cuda graph", "tensorrt", "int8 (torchao)", "int4 (torchao)", "fp8 (torchao)",
          "onnxruntime cuda", "continuous (ort paged)")
@@ -33,13 +46,6 @@ BENCH = {"concurrency": [1, 8], "warmup_requests": 8, "warmup_s": 0.0, "min_requ
 
 def gpu_candidates(base) -> dict:
     """rung name -> (optimizer or None, the candidate it starts from); `base` is eager on the GPU."""
-    from optimizers.batching import Batching
-    from optimizers.cuda_graph import CudaGraph
-    from optimizers.half_precision import HalfPrecision
-    from optimizers.onnxruntime_engine import OnnxRuntimeSwap
-    from optimizers.quantization import WeightQuantization
-    from optimizers.tensorrt import TensorRT
-
     bf16 = HalfPrecision(cuda_dtype="bf16").apply(base)   # torchao's int4 kernel computes in bf16 only
     ort = OnnxRuntimeSwap().apply(base)
     return {"eager": (None, base), "bf16": (HalfPrecision(cuda_dtype="bf16"), base),
@@ -54,14 +60,6 @@ def run_one(name: str, work: Path) -> dict:
     """One rung, in this (child) process: skipped with the rung's reason, or built, loaded and scored."""
     from omegaconf import OmegaConf
 
-    from experiments.benchmarks.common import default_setup
-    from experiments.judge.fidelity import fixed_sequences
-    from experiments.measure.benchmark import run_benchmark
-    from experiments.record.console import quiet_libraries
-    from experiments.serving import build_engine
-    from optimizers.baseline import EagerBaseline
-    from optimizers.placement import placed
-
     quiet_libraries()
     env = Env.detect()
     cands, workload, threads, artefacts = default_setup(Console(stderr=True))
@@ -74,8 +72,6 @@ def run_one(name: str, work: Path) -> dict:
     bench = run_benchmark(engine, workload, OmegaConf.create(BENCH))
     reference_file = work / "eager.logprobs.pkl"
     if name == "eager":
-        from experiments.judge.fidelity import BaselineLogprobs
-
         windows = fixed_sequences(engine.tokenizer, [" ".join(map(str, range(4000)))], 16, 128, 0)
         reference_file.write_bytes(pickle.dumps(BaselineLogprobs.record(engine, windows)))
     fid = pickle.loads(reference_file.read_bytes()).compare(engine) if reference_file.exists() else None

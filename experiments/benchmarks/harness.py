@@ -13,12 +13,17 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from experiments.benchmarks.common import default_setup
 from experiments.core.names import Metric
+from experiments.core.recipe import Env
 from experiments.core.request import Prompt
 from experiments.measure.benchmark import run_benchmark
 from experiments.record.console import quiet_libraries
+from experiments.serving import build_engine
 from experiments.serving.engine import Engine
 from experiments.targets.workload import Workload
+from optimizers.batching import Batching
+from optimizers.prefix_caching import PrefixCaching
 
 
 class NoOpEngine(Engine):
@@ -68,10 +73,6 @@ def batching_comparison(base_candidate, ort_candidate, workload: Workload, threa
     on CPU, so continuous batching is compared within the torch engine: transformers' manager (paged KV) and
     our own iteration-level scheduler (left-padded batched KV), same batch and token budget. `engines` picks
     the rows by the engine their label starts with."""
-    from experiments.core.recipe import Env
-    from experiments.serving import build_engine
-    from optimizers.batching import Batching
-
     cfg = _level_cfg(concurrency)
     env = Env.detect()
     continuous = Batching("continuous", 32, kv_block_size=16, kv_num_blocks=1024, max_tokens_per_step=512,
@@ -99,10 +100,6 @@ def batching_comparison(base_candidate, ort_candidate, workload: Workload, threa
 
 def prefix_caching_gain(ort_candidate, workload: Workload, threads: int, artefacts, concurrency: int = 16):
     """TTFT P50 of continuous batching with and without prefix caching, on a load whose prompts share a prefix."""
-    from experiments.serving import build_engine
-    from optimizers.batching import Batching
-    from optimizers.prefix_caching import PrefixCaching
-
     paged = Batching("continuous", 32, kv_block_size=16, kv_num_blocks=1024, max_tokens_per_step=512).apply(ort_candidate)
     ttft = {}
     for label, cand in (("without", paged), ("with", PrefixCaching().apply(paged))):
@@ -119,12 +116,10 @@ def _level_cfg(concurrency: int):
 
 def main() -> None:
     quiet_libraries()
-    from experiments.benchmarks.common import default_setup
 
     console = Console(width=120)
     ceiling = load_generator_ceiling()
     cands, workload, threads, artefacts = default_setup(console)
-    from experiments.serving import build_engine
 
     engine = build_engine(cands["onnxruntime"], threads, artefacts)
     d, h, overhead = instrumentation_overhead(engine, workload)

@@ -24,6 +24,7 @@ from experiments.judge.accuracy import AccuracyReport
 from experiments.measure import isolation
 from experiments.measure.benchmark import run_benchmark
 from experiments.measure.load import run_level
+from experiments.record.console import SweepConsole, quiet_libraries
 from experiments.serving import build_engine
 from experiments.serving.servers import serve
 
@@ -149,8 +150,6 @@ def _quiet_console():
     """The child's console goes to its log (stderr there); its stages and counts are relayed to the rung's
     process, which shows them."""
     from rich.console import Console
-
-    from experiments.record.console import SweepConsole, quiet_libraries
 
     quiet_libraries()
     return SweepConsole(Console(stderr=True, width=160), relay=True)

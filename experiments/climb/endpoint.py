@@ -16,6 +16,9 @@ from experiments.core.settings import check_settings
 from experiments.measure.benchmark import run_ladder
 from experiments.measure.load import check_load
 from experiments.record import benchmark_log, tracking
+from experiments.serving import build_engine
+from experiments.serving.http_client import EndpointServer, check_url
+from experiments.serving.http_server import bind, create_app, exposure_warning, run_forever, url_of
 from experiments.serving.servers import serve
 from experiments.targets.kinds import kind_of
 from experiments.targets.resolve import built_model_dir, kind_unbuilt, resolve, texts_unbuilt
@@ -56,9 +59,6 @@ def candidate(cfg: DictConfig, rung_names: list[str], progress) -> Candidate:
 def serve_candidate(cfg: DictConfig, rung_names: list[str], host: str, port: int, console) -> None:
     """Build the candidate's engine and serve it until Ctrl-C."""
     from transformers import AutoTokenizer
-
-    from experiments.serving import build_engine
-    from experiments.serving.http_server import bind, create_app, exposure_warning, run_forever, url_of
 
     sock = bind(host, port)            # a port in use fails now, not after the engine build
     engine = server = None
@@ -117,8 +117,6 @@ def bench_endpoint(cfg: DictConfig, url: str, model: str | None, prompt_format: 
                    tokenizer_dir: Path | None = None) -> EndpointBench:
     """The target's workload against someone's server; no model is built (the tokenizer makes the prompts)."""
     from transformers import AutoTokenizer
-
-    from experiments.serving.http_client import EndpointServer, check_url
 
     check_settings(cfg, "benchmark.", "target.workload.")
     check_load(cfg.benchmark)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from experiments.climb.validation import check_writable
 from experiments.core.errors import ConfigError
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
@@ -54,8 +55,6 @@ def check_sweep_args(args: list[str]) -> None:
 def check_job(overrides: list[str]) -> None:
     """One job composes and its data_dir can be written: Hydra makes its output folder there before the job
     runs, where a failure would be its own multi-line report."""
-    from experiments.climb.validation import check_writable
-
     check_writable(Path(compose(overrides).data_dir))
 
 

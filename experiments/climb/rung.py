@@ -22,7 +22,8 @@ from experiments.core.reports import BenchmarkReport
 from experiments.judge.accuracy import AccuracyReport, mlflow_name
 from experiments.judge.gate import Criterion, Gate, Verdict
 from experiments.measure import interleaved, isolation, soak
-from experiments.record import benchmark_log, tracking
+from experiments.record import benchmark_log, plots, tracking
+from experiments.record.console import SweepConsole, quiet_libraries
 from experiments.record.ledger import Ledger
 from experiments.record.outcome import RungOutcome
 from experiments.serving import build_engine
@@ -111,8 +112,6 @@ def _challenge_isolated(name, opt, champion, current, sweep: Sweep, run_id: str,
 
 def _challenge_in_child(name, opt, champion, current, sweep: Sweep, run_id: str):
     """The rung's own process: its console, and the rung's MLflow run picked up by id."""
-    from experiments.record.console import SweepConsole, quiet_libraries
-
     quiet_libraries()
     sweep.ui = SweepConsole()
     mlflow.set_tracking_uri(str(sweep.cfg.tracking.uri))
@@ -357,11 +356,9 @@ def _soak_skipped(criteria: list[Criterion], cfg) -> str | None:
 
 
 def _log_measurements(outcome: RungOutcome) -> None:
-    from experiments.record import report
-
     tracking.log_series(benchmark_log.metric_series(outcome.bench))
-    mlflow.log_figure(report.latency_percentiles(outcome.bench), "benchmark/latency_percentiles.png")
-    mlflow.log_figure(report.throughput_vs_latency(outcome.bench), "benchmark/throughput_vs_latency.png")
+    mlflow.log_figure(plots.latency_percentiles(outcome.bench), "benchmark/latency_percentiles.png")
+    mlflow.log_figure(plots.throughput_vs_latency(outcome.bench), "benchmark/throughput_vs_latency.png")
     tracking.log_text(benchmark_log.samples_csv(outcome.bench), "benchmark/samples.csv")
     tracking.set_tags({f"validity.{k}": str(v) for k, v in outcome.bench.validity().items()})
     if outcome.fidelity is not None:

@@ -9,13 +9,13 @@ from pathlib import Path
 import mlflow
 from omegaconf import DictConfig
 
-from experiments.analyse import diagnose, roofline
+from experiments.analyse import diagnose, profiling, roofline
 from experiments.climb.rung import Sweep
 from experiments.core.names import Tag
 from experiments.core.recipe import Candidate
 from experiments.core.secrets import scrub_text
 from experiments.measure import isolation
-from experiments.record import tracking
+from experiments.record import plots, tracking
 from experiments.record.outcome import RungOutcome
 from experiments.serving import build_engine
 from experiments.targets.kinds import kind_of
@@ -88,8 +88,6 @@ def _profile_champion(champion: RungOutcome, sweep: Sweep):
 
 
 def _profile_decode(cand: Candidate, threads: int, artefacts: Path, ids: list[int], steps: int):
-    from experiments.analyse import profiling
-
     engine = build_engine(cand, threads, artefacts)
     try:
         return profiling.profile_decode(engine, ids, steps)
@@ -99,8 +97,6 @@ def _profile_decode(cand: Candidate, threads: int, artefacts: Path, ids: list[in
 
 def _diagnose_model_layer(report) -> None:
     """The champion on the roofline of the configured hardware (the seed's model-layer drill-down)."""
-    from experiments.analyse import roofline
-
     mlflow.log_metrics(report.to_metrics())
     mlflow.log_figure(roofline.plot(report), "diagnosis/roofline.png")
     tracking.log_text(report.to_markdown(), "diagnosis/roofline.md")
@@ -109,13 +105,11 @@ def _diagnose_model_layer(report) -> None:
 
 def sweep_figures(outcomes: list[RungOutcome], champion: RungOutcome | None, cfg: DictConfig) -> dict:
     """The sweep's plots, by the artefact path each is logged at."""
-    from experiments.record import report
-
     obj = cfg.gate.objective
     level = int(max(cfg.benchmark.concurrency)) if obj.concurrency == "max" else int(obj.concurrency)
-    return {"plots/ladder_waterfall.png": report.waterfall(outcomes, obj.metric, obj.stat, level),
-            "plots/latency_vs_concurrency.png": report.latency_vs_load(outcomes[0], champion),
-            "plots/pareto_latency_accuracy.png": report.pareto(outcomes, obj.metric, obj.stat, level)}
+    return {"plots/ladder_waterfall.png": plots.waterfall(outcomes, obj.metric, obj.stat, level),
+            "plots/latency_vs_concurrency.png": plots.latency_vs_load(outcomes[0], champion),
+            "plots/pareto_latency_accuracy.png": plots.pareto(outcomes, obj.metric, obj.stat, level)}
 
 
 def _place_on_roofline(cand, workload, hardware):

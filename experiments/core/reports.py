@@ -9,6 +9,7 @@ import numpy as np
 
 from experiments.core.names import DEFAULT_KIND, Metric
 from experiments.core.request import RequestRecord
+from experiments.core.slo import request_meets
 from experiments.core.stats import MIN_SAMPLES_FOR_P99, LatencyStats
 
 
@@ -72,8 +73,6 @@ class LevelReport:
 
     def goodput(self, slos) -> tuple[float, float]:
         """(requests/s meeting every SLO, share of all requests that did); errors and timeouts are misses."""
-        from experiments.core.slo import request_meets
-
         good = sum(request_meets(r, slos) for r in self.records)
         return good / self.duration_s, good / max(1, len(self.records))
 

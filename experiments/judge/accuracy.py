@@ -13,6 +13,7 @@ import numpy as np
 from lm_eval.api.model import TemplateLM
 
 from experiments.core.errors import ConfigError
+from experiments.core.gpu_guards import require_provider
 from experiments.judge.task_metrics import GatedMetric, gated_metrics
 
 # ONNX input types -> numpy dtypes: numpy has no bfloat16, so a bf16 export cannot be scored here (and says so)
@@ -31,8 +32,6 @@ class OnnxSessionLM(TemplateLM):
     def __init__(self, onnx_path: Path, tokenizer, threads: int, providers=("CPUExecutionProvider",)):
         super().__init__()
         import onnxruntime as ort
-
-        from experiments.core.gpu_guards import require_provider
 
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
+from experiments.judge.fidelity import logprob_scorer
 from experiments.judge.gate import Criterion
 
 TOP_K = 32   # baseline log-probs kept per step; a token outside them is at least the K-th's margin away
@@ -41,8 +42,6 @@ def answer(tokens: Sequence[int], stop_ids: Sequence[int]) -> tuple[int, ...]:
 
 
 def _scorer(engine):
-    from experiments.judge.fidelity import logprob_scorer
-
     return logprob_scorer(engine)
 
 

@@ -7,7 +7,9 @@ kept out of the latency percentiles.
 """
 from __future__ import annotations
 
+from experiments.core.errors import ConfigError
 from experiments.core.reports import BenchmarkReport, LevelReport
+from experiments.core.slo import applicable, parse_all, sla_capacity
 from experiments.measure.load import run_level
 from experiments.serving.engine import Engine
 from experiments.serving.servers import serve
@@ -28,9 +30,6 @@ def run_benchmark(engine: Engine, workload: Workload, cfg, confidence: float = 0
 def run_ladder(server, workload: Workload, cfg, confidence: float = 0.95,
                on_level=lambda c: None) -> BenchmarkReport:
     """run_benchmark over a server that is already up (in-process, or an HTTP endpoint); the caller closes it."""
-    from experiments.core.errors import ConfigError
-    from experiments.core.slo import applicable, parse_all, sla_capacity
-
     slos, _ = applicable(parse_all(cfg.get("slos")), kind_of(workload.kind).metrics)
     if not workload.prompts:
         raise ConfigError("the workload has no prompts", "set target.workload.prompts to 1 or more")

@@ -6,8 +6,10 @@ import time
 
 import numpy as np
 
+from experiments.core.errors import ConfigError
 from experiments.core.reports import LevelReport
 from experiments.core.request import RequestRecord
+from experiments.core.slo import parse_all
 from experiments.core.stats import LatencyStats
 from experiments.measure.resources import ResourceSampler
 from experiments.targets.kinds import kind_of
@@ -95,9 +97,6 @@ def closed_loop(server, prompts, concurrency, min_requests, min_s, max_s, timeou
 def check_load(bench) -> None:
     """The load settings that are not numbers (those are in experiments/core/settings.py), checked before anything
     is built or sent."""
-    from experiments.core.errors import ConfigError
-    from experiments.core.slo import parse_all
-
     slos = parse_all(bench.slos)
     if bench.sla_search and not slos:
         raise ConfigError("benchmark.sla_search=true needs SLOs", "set benchmark.slos=[p99_e2e_ms<=500]")

@@ -10,10 +10,12 @@ from rich.table import Table
 from rich.text import Text
 
 from experiments.core import progress
+from experiments.core.names import Metric
+from experiments.core.stats import PERCENTILE_METHOD
+from experiments.record.outcome import before_summary, cell, table_columns
+from experiments.targets.kinds import kind_of
 
 LOG_EVERY_S = 15.0
-
-from experiments.core.names import Metric
 
 
 def quiet_libraries() -> None:
@@ -77,8 +79,6 @@ class SweepConsole:
                            f"— {outcome.verdict.reason}")
 
     def summary(self, result, top: int, tracking_uri: str) -> None:
-        from experiments.record.outcome import before_summary, cell, table_columns
-
         table = Table(title="ROI ladder", show_lines=True)
         columns = table_columns(result.outcomes, top)
         for col in ("rung", "verdict", *(header for _, header, _ in columns), "reason"):
@@ -103,11 +103,8 @@ FLAG_TEXT = {"stable": "unstable", "p99_claimable": "no P99 claim", "error_rate_
 
 def level_table(bench, title: str = "load ladder") -> Table:
     """One row per measured level: counts, rates, latency percentiles, queue vs model share, validity."""
-    from experiments.core.stats import PERCENTILE_METHOD
-
     table = Table(title=title, caption=f"percentiles: {PERCENTILE_METHOD}; '!' marks a P95 shown for want of "
                                        f"samples for a P99", caption_justify="left")
-    from experiments.targets.kinds import kind_of
 
     kind = kind_of(bench.kind)
     for col in ("load (c or rate)", "n", "err %", "t/o %", "QPS", kind.throughput_unit, "E2E p50/p95/p99 ms", "TTFT p50/p95 ms",

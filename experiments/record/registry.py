@@ -28,8 +28,10 @@ from omegaconf import OmegaConf
 from experiments.core.cache import locked
 from experiments.core.errors import ConfigError
 from experiments.core.names import Tag
-from experiments.core.recipe import Recipe
+from experiments.core.recipe import Candidate, Recipe, Target
+from experiments.judge.embedding_eval import tokenized
 from experiments.record import tracking
+from experiments.serving import build_engine
 from experiments.targets import kinds
 from experiments.targets.resolve import model_path
 
@@ -218,9 +220,6 @@ class CandidateModel(PythonModel):
     """A promoted candidate: rebuilds its engine from the recipe; predict = greedy continuations."""
 
     def load_context(self, context) -> None:
-        from experiments.core.recipe import Candidate, Target
-        from experiments.serving import build_engine
-
         recipe = json.loads(Path(context.artifacts["recipe"]).read_text())
         settings = context.model_config or {}
         cache_dir = Path(settings["cache_dir"])
@@ -236,8 +235,6 @@ class CandidateModel(PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list:
         """Greedy continuations (a causal LM), or L2-normalised embeddings as lists of floats (an encoder)."""
         if not self.engine.decodes:
-            from experiments.judge.embedding_eval import tokenized
-
             vectors, _ = self.engine.embed(tokenized(self.tokenizer, _prompts(model_input), self.max_tokens))
             return [row.tolist() for row in vectors]
         max_new_tokens = int((params or {}).get("max_new_tokens", 32))

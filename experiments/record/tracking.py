@@ -12,7 +12,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from experiments.core.errors import ConfigError
+from experiments.core.errors import ConfigError, SweepInterrupted
 from experiments.core.secrets import scrub_params, scrub_text, scrub_tree
 
 MAX_PARAM_CHARS = 500
@@ -200,8 +200,6 @@ def log_series(series: dict[str, list[tuple[int, float]]], prefix: str = "") -> 
 @contextmanager
 def run(name: str, experiment_id: str, nested: bool = False, tags: dict | None = None, run_id: str | None = None):
     """A new run, or (run_id) an earlier one resumed; KILLED, not FAILED, when the user stopped the sweep."""
-    from experiments.core.errors import SweepInterrupted
-
     with mlflow.start_run(run_id=run_id, run_name=None if run_id else name, experiment_id=experiment_id,
                           nested=nested, tags={k: scrub_text(v) for k, v in (tags or {}).items()}) as r:
         try:

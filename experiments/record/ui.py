@@ -9,6 +9,7 @@ import sys
 from mlflow.tracking import MlflowClient
 
 from experiments.core.names import Tag
+from experiments.core.secrets import scrub_text
 
 # MLflow 3 opens an experiment on its GenAI view unless the experiment says it is model development; the
 # per-browser GenAI/Model-training switch is overridden by this query in the page URL (measured, 3.17.2).
@@ -20,8 +21,6 @@ def ui_base(tracking_cfg) -> str:
     """The address of the UI for this store: the server itself, or `make ui` on loopback."""
     uri = str(tracking_cfg.uri)
     if uri.startswith(("http://", "https://")):
-        from experiments.core.secrets import scrub_text
-
         return scrub_text(uri).rstrip("/")
     return f"http://{tracking_cfg.ui_host}:{tracking_cfg.ui_port}"
 

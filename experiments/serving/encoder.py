@@ -18,6 +18,8 @@ from experiments.core.artefacts import cached, weights_digest
 from experiments.core.gpu_guards import ort_providers, require_provider
 from experiments.core.recipe import Candidate, Recipe, device_name
 from experiments.serving.engine import Engine, torch_only
+from experiments.serving.ort_engine import graph_weight_bits
+from experiments.serving.torch_engine import linear_weight_bits
 from experiments.serving.torch_quantize import torch_refusal
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -147,8 +149,6 @@ class TorchEncoder(EncoderEngine):
         return sorted(Path(self.model_dir).glob("*.safetensors"))
 
     def weight_bits(self) -> float:
-        from experiments.serving.torch_engine import linear_weight_bits
-
         return linear_weight_bits(self.model)
 
 
@@ -235,6 +235,4 @@ class OrtEncoder(EncoderEngine):
         return sorted(p for p in self.path.parent.iterdir() if p.name.startswith("model.onnx"))
 
     def weight_bits(self) -> float:
-        from experiments.serving.ort_engine import graph_weight_bits
-
         return graph_weight_bits(self.path)

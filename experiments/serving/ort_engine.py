@@ -14,6 +14,7 @@ import numpy as np
 from experiments.core.artefacts import cached
 from experiments.core.gpu_guards import ort_providers, require_genai_device
 from experiments.core.recipe import Candidate
+from experiments.judge.accuracy import OnnxSessionLM
 from experiments.serving.engine import Engine, torch_only, unpaged_prefix
 
 QUANTIZED_PRECISION = {"int8": "int8", "int4": "int4"}
@@ -155,8 +156,6 @@ class OrtGenaiEngine(Engine):
             started = time.perf_counter()
 
     def lm_eval_model(self, batch_size: int):
-        from experiments.judge.accuracy import OnnxSessionLM
-
         return OnnxSessionLM(self.folder / "model.onnx", self.tokenizer, self.threads, ort_providers(self.recipe))
 
     def artefact_paths(self) -> list[Path]:

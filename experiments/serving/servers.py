@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import time
 
+from experiments.serving.batching import BatchingServer
+from experiments.serving.continuous import ContinuousServer
+from experiments.serving.encoder_batching import EncoderBatchServer
 from experiments.serving.engine import Engine
+from experiments.serving.iteration import IterationServer
 from experiments.serving.queue_server import QueueServer, Server
 
 
@@ -43,15 +47,10 @@ def serve(engine: Engine) -> Server:
     if not engine.decodes:
         if recipe.batching not in ("static", "dynamic"):
             raise ValueError(f"an encoder batches statically or dynamically, not {recipe.batching!r}")
-        from experiments.serving.encoder_batching import EncoderBatchServer
 
         return EncoderBatchServer(engine, recipe.max_batch, recipe.max_wait_ms)
     if recipe.batching == "continuous" and engine.name == "torch":
-        from experiments.serving.continuous import ContinuousServer
-
         if recipe.scheduler == "own":
-            from experiments.serving.iteration import IterationServer
-
             if recipe.prefix_caching:
                 raise ValueError("prefix caching needs transformers' paged KV cache; the own scheduler has none")
             return IterationServer(engine, recipe.max_batch, recipe.max_tokens_per_step)
@@ -59,6 +58,5 @@ def serve(engine: Engine) -> Server:
             raise ValueError(f"unknown continuous scheduler {recipe.scheduler!r}; known: transformers, own")
         return ContinuousServer(engine, recipe.max_tokens_per_step, recipe.kv_block_size, recipe.kv_num_blocks,
                                 recipe.prefix_caching)
-    from experiments.serving.batching import BatchingServer
 
     return BatchingServer(engine, recipe.batching, recipe.max_batch, recipe.max_wait_ms)

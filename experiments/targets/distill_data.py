@@ -11,6 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.judge.accuracy import task_index
+from experiments.targets import prompts_file
+from experiments.targets.kinds import load_tokenizer
+from experiments.targets.models.corpus import Corpus, texts_from
+
 GIVE_TEXT = ("give the model's own text: target.workload.prompts=FILE.jsonl (its traffic) or "
              "target.workload.corpus=FILE_OR_DIR")
 
@@ -38,8 +43,6 @@ class Sources:
 
 def training_text(src: Sources, model_dir: Path) -> TrainingText:
     """The student's training text, from the first source `src` has; NoTrainingText when it has none."""
-    from experiments.targets.models.corpus import Corpus, texts_from
-
     own = []
     if src.prompts:
         own.append(TrainingText(f"prompts file {src.prompts}", tuple(prompt_texts(Path(src.prompts), model_dir))))
@@ -58,16 +61,11 @@ def training_text(src: Sources, model_dir: Path) -> TrainingText:
 
 def prompt_texts(path: Path, model_dir: Path) -> list[str]:
     """Each request of the prompts file as the model sees it (chat messages rendered with its template)."""
-    from experiments.targets import prompts_file
-    from experiments.targets.kinds import load_tokenizer
-
     return [r.text for r in prompts_file.read(path, load_tokenizer(model_dir), (1,), None, 0)]
 
 
 def task_documents(tasks, include_path, limit) -> TrainingText:
     """Question and answer of every document of the tasks that the gate does not score."""
-    from experiments.judge.accuracy import task_index
-
     manager = task_index(tuple(tasks), Path(include_path) if include_path else None)
     texts, parts, scored_texts = [], [], set()
     for name, task in manager.load(list(tasks))["tasks"].items():

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.core.errors import ConfigError
+from experiments.core.request import Prompt
+from experiments.targets.workload import Workload
 
 FORMAT = 'one JSON object per line: {"prompt": "..."} or {"messages": [...]}, optionally with "max_tokens": N'
 
@@ -124,9 +126,6 @@ def _prompt_text(where: str, line: dict, tokenizer) -> str:
 def workload(requests: list[Request], warmup_count: int, seed: int):
     """Every request measured, in file order (the load cycles through them); the warm-up draws from the same
     file, seeded: the user's traffic has no other prompts to warm up with."""
-    from experiments.core.request import Prompt
-    from experiments.targets.workload import Workload
-
     prompts = tuple(Prompt(i, r.token_ids, r.max_tokens) for i, r in enumerate(requests))
     rng = random.Random(seed)
     warmup = tuple(Prompt(len(prompts) + i, r.token_ids, r.max_tokens)

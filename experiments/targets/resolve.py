@@ -9,8 +9,10 @@ from experiments.core.errors import ConfigError
 from experiments.core.recipe import Target
 from experiments.targets.folder import ModelFolder, inspect as inspect_folder
 from experiments.targets.kinds import kind_of
+from experiments.targets.models import smollm2
 from experiments.targets.models.corpus import Corpus, corpus_texts
 from experiments.targets.models.gguf import check_architecture, converted_dir, ensure_converted
+from experiments.targets.models.minilm import RetrievalSet, model_dir
 from experiments.targets.models.tiny_llm import TinyLlmRecipe, built_dir, ensure_built, task_include_path
 
 BUILTINS = {"builtin:tiny-llm": "causal-lm", "builtin:minilm": "embedding", "builtin:smollm2-135m": "causal-lm"}
@@ -59,14 +61,10 @@ def resolve(cfg_target, cache_dir: Path, data_dir: Path, progress,
         tasks = task_include_path(model_dir, data_dir / "tasks" / model_dir.name)
         return Target(cfg_target.name, cfg_target.kind, model_dir), texts, tasks
     if source == "builtin:minilm":
-        from experiments.targets.models.minilm import RetrievalSet
-
         # The workload embeds the retrieval set's own queries and passages: short and long texts mixed.
         texts = RetrievalSet.from_stdlib(int(cfg_target.workload.texts), int(cfg_target.workload.seed)).texts()
         return Target(cfg_target.name, cfg_target.kind, model_path(source, None, cache_dir)), texts, None
     if source == "builtin:smollm2-135m":
-        from experiments.targets.models import smollm2
-
         model_dir = model_path(source, None, cache_dir, progress)
         tasks = smollm2.task_include_path(data_dir / "tasks" / model_dir.name)
         texts = texts_unbuilt(cfg_target)
@@ -80,12 +78,8 @@ def model_path(source: str, build, cache_dir: Path, progress=print, on_step=None
     if source == "builtin:tiny-llm":
         return ensure_built(TinyLlmRecipe(**build), cache_dir, progress, on_step)
     if source == "builtin:minilm":
-        from experiments.targets.models.minilm import model_dir
-
         return model_dir()
     if source == "builtin:smollm2-135m":
-        from experiments.targets.models import smollm2
-
         return smollm2.ensure_built(cache_dir, progress)
     path = Path(source).expanduser()
     return ensure_converted(path, cache_dir, progress) if path.suffix == ".gguf" else path
@@ -114,8 +108,6 @@ def built_model_dir(cfg_target, cache_dir: Path) -> Path | None:
     if source == "builtin:tiny-llm":
         out = built_dir(TinyLlmRecipe(**cfg_target.build), cache_dir)
     elif source == "builtin:smollm2-135m":
-        from experiments.targets.models import smollm2
-
         out = converted_dir(smollm2.gguf_file(), cache_dir)
     elif source.startswith("builtin:"):
         return None

@@ -7,13 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from experiments.core.errors import ConfigError
+from experiments.judge.accuracy import task_index
 
 LOCAL_BUILDERS = {"json", "csv", "text", "parquet", "arrow"}
 
 
 def check_offline(tasks: list[str], include_path: Path | None) -> None:
-    from experiments.judge.accuracy import task_index
-
     index = task_index(tuple(tasks), include_path).task_index
     for name in tasks:
         entry = index.get(name)

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from experiments.climb.overrides import compose
 from experiments.core.names import Tag
 from experiments.tools.ui_check import free_port, stop_group, wait_healthy
 
@@ -298,8 +299,6 @@ def check_runs(uri: str, experiment: str, expected_rungs: list[str], artifacts: 
 def run_check(work: Path, ladder: str = "engine-swap", cache_dir: Path | None = None, target: str = "tiny-llm",
               extra: list[str] = (), log=print) -> ServerCheckResult:
     """PostgreSQL, mlflow server, sweep, check; both servers are stopped in any case."""
-    from experiments.climb.overrides import compose
-
     t0 = time.perf_counter()
     bindir = ensure_postgres(log)
     pg = Postgres(bindir, work / "pg", free_port())

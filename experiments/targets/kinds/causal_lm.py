@@ -8,13 +8,19 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.analyse.roofline import ModelShape
 from experiments.core.errors import ConfigError
 from experiments.core.names import LATENCY_METRICS
+from experiments.judge import agreement
+from experiments.judge.accuracy import check_tasks, evaluate, gated
+from experiments.judge.agreement import BaselineGenerations
+from experiments.judge.fidelity import BaselineLogprobs, fixed_sequences, judge
 from experiments.targets import prompts_file
 from experiments.targets.kinds.base import Kind, load_tokenizer
 from experiments.targets.models.corpus import check_corpus, corpus_texts
 from experiments.targets.models.hf_folder import context_length
 from experiments.targets.models.tiny_llm import SHIPPED_TASKS
+from experiments.targets.task_data import check_offline
 from experiments.targets.workload import Workload
 
 
@@ -56,9 +62,6 @@ class CausalLMKind(Kind):
         needed); with the user's folder already on disk, also the tasks' data (offline?) and the workload against
         its tokenizer and context window: a bad prompts line is refused before anything is recorded, not after
         the experiment is created."""
-        from experiments.judge.accuracy import check_tasks, gated
-        from experiments.targets.task_data import check_offline
-
         if cfg.target.workload.get("corpus"):
             check_corpus(cfg.target.workload.corpus)
         if isinstance(cfg.target.workload.get("prompts"), str):
@@ -85,8 +88,6 @@ class CausalLMKind(Kind):
 
     def roofline_shape(self, model_dir: Path):
         from transformers import AutoConfig
-
-        from experiments.analyse.roofline import ModelShape
 
         return ModelShape.from_config(AutoConfig.from_pretrained(model_dir))
 
@@ -117,10 +118,6 @@ class Reference:
 
 class CausalLMScorer:
     def __init__(self, cfg, target, texts: list[str], include_path: Path | None):
-        from experiments.judge.accuracy import check_tasks, gated
-        from experiments.judge.fidelity import fixed_sequences
-        from experiments.targets.task_data import check_offline
-
         self.cfg, self.texts, self.include_path = cfg, texts, include_path
         self.tasks = list(cfg.accuracy.tasks)
         self.gated = []   # task_metrics.GatedMetric per task
@@ -151,10 +148,6 @@ class CausalLMScorer:
 
     def score(self, engine, stage, name: str) -> tuple[list, Drift]:
         """(lm-eval's AccuracyReports, the Drift from the baseline)."""
-        from experiments.judge.accuracy import evaluate
-        from experiments.judge.agreement import BaselineGenerations
-        from experiments.judge.fidelity import BaselineLogprobs
-
         cfg = self.cfg
         acc = []
         if self.tasks:
@@ -179,8 +172,6 @@ class CausalLMScorer:
 
     def score_more(self, engine, reports: list, stage, name: str) -> list:
         """`reports` completed: the documents of the gate's last look that they lack, scored in this engine."""
-        from experiments.judge.accuracy import evaluate
-
         cfg, out = self.cfg, []
         for report in reports:
             rest = report.missing()
@@ -196,9 +187,6 @@ class CausalLMScorer:
 
     def judge(self, drift: Drift) -> list:
         """The gate's criteria (gate.Criterion) on the drift."""
-        from experiments.judge import agreement
-        from experiments.judge.fidelity import judge
-
         fid, confidence = self.cfg.gate.fidelity, self.cfg.gate.confidence
         criteria = [judge(drift.fidelity, fid.max_kl, fid.min_top1, confidence)]
         if drift.agreement is not None:

@@ -8,7 +8,19 @@ from pathlib import Path
 
 from experiments.core.errors import ConfigError
 from experiments.core.names import ENCODER_METRICS
+from experiments.judge.embedding_eval import (
+    TASK_NAME,
+    USER_TASK_NAME,
+    BaselineEmbeddings,
+    embed_token_ids,
+    judge_cosine,
+    recall_at_k,
+    tokenized,
+)
+from experiments.targets import retrieval_file
 from experiments.targets.kinds.base import Kind, load_tokenizer
+from experiments.targets.models.hf_folder import check_pooling
+from experiments.targets.models.minilm import RetrievalSet
 from experiments.targets.workload import Workload
 
 
@@ -42,8 +54,6 @@ class EmbeddingKind(Kind):
     def check(self, cfg, model_dir: Path | None = None) -> None:
         """The scoring settings, related to each other and to the user's file of texts and pairs (read here:
         a bad line is refused before anything is recorded). No tokenizer needed."""
-        from experiments.targets import retrieval_file
-
         sc = cfg.target.scoring
         if not 0 < float(sc.min_cosine_min) <= float(sc.min_cosine_mean) <= 1:
             raise ConfigError(f"target.scoring cosine bounds must satisfy 0 < min_cosine_min <= min_cosine_mean "
@@ -56,9 +66,6 @@ class EmbeddingKind(Kind):
                               f"{sc.queries} queries have", "keep every k <= target.scoring.queries")
 
     def folder_texts(self, cfg_target, path: Path) -> list[str]:
-        from experiments.targets.models.hf_folder import check_pooling
-        from experiments.targets.models.minilm import RetrievalSet
-
         check_pooling(path)
         if isinstance(cfg_target.workload.get("prompts"), str):   # read by the scorer (experiments/targets/retrieval_file.py)
             return []
@@ -76,10 +83,6 @@ KIND = EmbeddingKind()
 
 class EmbeddingScorer:
     def __init__(self, cfg, target, texts: list[str], include_path: Path | None):
-        from experiments.judge.embedding_eval import TASK_NAME, USER_TASK_NAME
-        from experiments.targets import retrieval_file
-        from experiments.targets.models.minilm import RetrievalSet
-
         KIND.check(cfg)
         self.cfg, self.texts = cfg, texts
         self.scoring = sc = cfg.target.scoring
@@ -100,8 +103,6 @@ class EmbeddingScorer:
 
     def score(self, engine, stage, name: str) -> tuple[list, object]:
         """(recall@k AccuracyReports, the cosines to the baseline's embeddings)."""
-        from experiments.judge.embedding_eval import BaselineEmbeddings, embed_token_ids, recall_at_k, tokenized
-
         sc, rs = self.scoring, self.retrieval
         texts = [*(rs.texts() if rs else []), *self.extra]
         token_ids = tokenized(self.tokenizer, texts, int(self.cfg.target.workload.max_tokens))
@@ -120,6 +121,4 @@ class EmbeddingScorer:
 
     def judge(self, report) -> list:
         """The gate's criteria (gate.Criterion) on the cosines."""
-        from experiments.judge.embedding_eval import judge_cosine
-
         return [judge_cosine(report, float(self.scoring.min_cosine_mean), float(self.scoring.min_cosine_min))]

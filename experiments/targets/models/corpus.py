@@ -7,6 +7,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.core.errors import ConfigError
+
 # The stdlib's held-out files, as tiny-llm's build splits them: text no model here trained on.
 DEFAULT_HELDOUT_EVERY = 8
 
@@ -40,8 +42,6 @@ def code_lines(text: str, min_chars: int = 1) -> list[str]:
 
 def check_corpus(path) -> Path:
     """Before any work: the corpus is there (its texts are read once the model is)."""
-    from experiments.core.errors import ConfigError
-
     path = Path(path).expanduser()
     if not path.exists():
         raise ConfigError(f"target.workload.corpus {path} does not exist", "pass a text file or a folder of them")
@@ -50,8 +50,6 @@ def check_corpus(path) -> Path:
 
 def texts_from(path) -> list[str]:
     """The text of a file, or of every file under a folder (sorted; files that are not UTF-8 text skipped)."""
-    from experiments.core.errors import ConfigError
-
     path = check_corpus(path)
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     texts = []
