@@ -5,17 +5,13 @@ import os
 import sys
 from pathlib import Path
 
-from experiments.climb import endpoint
-from experiments.climb.ladder import run_sweep
 from experiments.climb.overrides import CONF_DIR, check_sweep_args, compose, explain
 from experiments.core.errors import ConfigError, SweepInterrupted
 from experiments.core.interrupts import Terminated, exit_on_sigterm
 from experiments.core.secrets import guard_console, scrub_text
-from experiments.record import registry
-from experiments.record.console import SweepConsole, level_table, quiet_libraries
-from experiments.record.ui import serve_ui
-from experiments.serving.http_client import PROMPT_FORMATS
-from experiments.serving.http_server import DEFAULT_HOST
+
+# Each command imports the modules it runs when it is chosen (start-up): `roi-ladder status` or a refused
+# override answers in a second, without loading torch, transformers and MLflow.
 
 USAGE = """usage: roi-ladder COMMAND [hydra overrides]
   sweep   climb the ladder (e.g. roi-ladder sweep profile=quick; --multirun target=a,b)
@@ -56,6 +52,9 @@ def _command(command: str, rest: list[str]) -> int:
     if command in HTTP_COMMANDS:
         return _http_command(command, rest)
     if command == "ui":
+        from experiments.record.console import quiet_libraries
+        from experiments.record.ui import serve_ui
+
         quiet_libraries()
         return serve_ui(_compose(rest))
     print(f"roi-ladder: unknown command {command!r}\n{USAGE}", file=sys.stderr)
@@ -114,6 +113,9 @@ def _registry_command(command: str, argv: list[str]) -> int:
     """promote / rollback / status: flags via argparse, everything else is a Hydra override."""
     import argparse
 
+    from experiments.record import registry
+    from experiments.record.console import quiet_libraries
+
     parser = argparse.ArgumentParser(prog=f"roi-ladder {command}", allow_abbrev=False,
                                      epilog="other arguments are Hydra overrides, e.g. data_dir=... target=...")
     if command != "capacity":
@@ -149,6 +151,11 @@ HTTP_COMMANDS = ("serve", "bench")
 def _http_command(command: str, argv: list[str]) -> int:
     """serve / bench --endpoint: flags via argparse, everything else is a Hydra override."""
     import argparse
+
+    from experiments.climb import endpoint
+    from experiments.record.console import SweepConsole, level_table, quiet_libraries
+    from experiments.serving.http_client import PROMPT_FORMATS
+    from experiments.serving.http_server import DEFAULT_HOST
 
     parser = argparse.ArgumentParser(prog=f"roi-ladder {command}", allow_abbrev=False,
                                      epilog="other arguments are Hydra overrides, e.g. benchmark.concurrency=[1,4]")
@@ -237,6 +244,9 @@ def scrub_hydra_record() -> None:
 
 
 def _sweep_job(cfg) -> int:
+    from experiments.climb.ladder import run_sweep
+    from experiments.record.console import SweepConsole, quiet_libraries
+
     quiet_libraries()
     ui = SweepConsole()
     try:

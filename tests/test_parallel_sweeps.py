@@ -5,7 +5,7 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 
-from experiments.climb.validation import check_writable
+from experiments.climb.overrides import check_writable
 from experiments.core.cache import build_once, manifest_ok
 
 WORKERS = 4

@@ -1,9 +1,9 @@
 """Hydra overrides checked before any work: a bad one is one ConfigError line, not Hydra's multi-line report."""
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
-from experiments.climb.validation import check_writable
 from experiments.core.errors import ConfigError
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
@@ -80,3 +80,13 @@ def explain(exc: Exception) -> ConfigError:
     cause = f" ({' '.join(str(exc.__cause__).split())})" if exc.__cause__ else ""
     return ConfigError(f"the configuration does not compose: {text.rstrip('.')}{cause}",
                        f"fix that override or YAML file (override syntax: {GRAMMAR})")
+
+
+def check_writable(data_dir: Path) -> None:
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=data_dir, prefix=".write-probe-"):   # unique: sweeps run in parallel
+            pass
+    except OSError as exc:
+        raise ConfigError(f"data directory {data_dir} is not writable ({exc.strerror})",
+                          "set data_dir=... or ROI_LADDER_HOME to a writable folder") from None

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 from hydra.errors import InstantiationException
@@ -10,6 +9,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.analyse.capacity import check_config as check_capacity_config
+from experiments.climb.overrides import check_writable
 from experiments.core.errors import ConfigError
 from experiments.core.recipe import Env
 from experiments.core.settings import check_settings
@@ -72,16 +72,6 @@ def check_required(cfg: DictConfig, rungs: list[tuple[str, Optimizer]], env: Env
             raise ConfigError(f"rung {name!r} is required (ladder.required) but cannot run on this machine: "
                               f"{reason}", f"run the sweep where it can, or drop {name!r} from ladder.required "
                                        "to let the sweep skip it")
-
-
-def check_writable(data_dir: Path) -> None:
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=data_dir, prefix=".write-probe-"):   # unique: sweeps run in parallel
-            pass
-    except OSError as exc:
-        raise ConfigError(f"data directory {data_dir} is not writable ({exc.strerror})",
-                          "set data_dir=... or ROI_LADDER_HOME to a writable folder") from None
 
 
 def validate(cfg: DictConfig, env: Env | None = None) -> list[tuple[str, Optimizer]]:
