@@ -10,7 +10,7 @@ from experiments.core.reports import BenchmarkReport, LevelReport
 from experiments.core.request import Prompt, RequestRecord
 from experiments.core.stats import LatencyStats
 from experiments.judge.gate import Verdict
-from experiments.record import benchmark_log, registry, plots as report_plots, ui
+from experiments.record import benchmark_log, plots as report_plots, registry, ui
 from experiments.record.console import level_table
 from experiments.record.outcome import RungOutcome, markdown_table
 from experiments.targets import kinds
