@@ -1,5 +1,5 @@
 """CUDA Graph: the decode step captured once and replayed over a static KV cache allocated once per engine
-(experiments/serving/cuda_graph_engine.py). Launch overhead is what it removes, so it exists only on a CUDA device."""
+(experiments/serving/backends/pytorch/cuda_graph.py). Launch overhead is what it removes, so it exists only on a CUDA device."""
 from experiments.core.recipe import Candidate, Env
 from experiments.serving import refusal
 from optimizers.base import Optimizer

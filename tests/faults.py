@@ -4,7 +4,7 @@ import ctypes
 import threading
 import time
 
-from experiments.serving.torch_engine import TorchEngine
+from experiments.serving.backends.pytorch.causal_lm import TorchEngine
 from optimizers.base import Optimizer
 from optimizers.baseline import EagerBaseline
 
@@ -64,7 +64,7 @@ class DisturbingEngine(TorchEngine):
     apart.)"""
     name = "disturbing"
 
-    def __init__(self, cand, threads):
+    def __init__(self, cand, threads, artefact_root=None):
         super().__init__(cand, threads)
         _watch_rivals()
         _start_burners(2)

@@ -8,9 +8,9 @@ from serving_requests import prompt, wait
 from experiments.core.recipe import Candidate, Env, Recipe
 from experiments.core.request import Prompt
 from experiments.serving import refusal
+from experiments.serving.backends.pytorch.causal_lm import TorchEngine
 from experiments.serving.continuous import ContinuousServer
 from experiments.serving.servers import serve
-from experiments.serving.torch_engine import TorchEngine
 from optimizers.batching import Batching
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 from optimizers.prefix_caching import PrefixCaching

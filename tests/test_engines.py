@@ -8,8 +8,8 @@ import torch
 
 from experiments.core.recipe import Candidate
 from experiments.serving import build_engine
-from experiments.serving.ort_engine import OrtGenaiEngine
-from experiments.serving.torch_engine import TorchEngine
+from experiments.serving.backends.onnxruntime.causal_lm import OrtGenaiEngine
+from experiments.serving.backends.pytorch.causal_lm import TorchEngine
 from optimizers.baseline import EagerBaseline
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 from optimizers.quantization import WeightQuantization

@@ -58,7 +58,7 @@ def test_onnxruntime_falling_back_to_the_cpu_fails():
 def test_the_ort_encoder_on_cuda_asks_for_its_device_and_refuses_the_fallback(monkeypatch, tmp_path):
     import onnxruntime
 
-    from experiments.serving import encoder
+    from experiments.serving.backends.onnxruntime import encoder
 
     sessions = []
     monkeypatch.setattr(encoder, "export_onnx", lambda cand, root: (tmp_path / "model.onnx", True))
@@ -72,7 +72,7 @@ def test_the_ort_encoder_on_cuda_asks_for_its_device_and_refuses_the_fallback(mo
 def test_onnxruntime_genai_placing_the_model_on_the_cpu_fails(monkeypatch, tmp_path):
     import onnxruntime_genai as og
 
-    from experiments.serving import ort_engine
+    from experiments.serving.backends.onnxruntime import causal_lm as ort_engine
 
     class Config:
         def __init__(self, folder):

@@ -51,7 +51,7 @@ def tokenizer(model_dir):
 @pytest.fixture(scope="module")
 def endpoint(tiny_target, tokenizer):
     from experiments.core.recipe import Candidate
-    from experiments.serving.torch_engine import TorchEngine
+    from experiments.serving.backends.pytorch.causal_lm import TorchEngine
 
     server = SequentialServer(TorchEngine(Candidate(tiny_target), threads=1))
     recording = Recording(server)

@@ -12,10 +12,10 @@ from experiments.climb.validation import load_rungs
 from experiments.core.errors import ConfigError
 from experiments.core.recipe import Candidate, Env
 from experiments.core.request import Prompt
+from experiments.serving.backends.pytorch.causal_lm import TorchEngine
 from experiments.serving.continuous import ContinuousServer
 from experiments.serving.iteration import IterationServer
 from experiments.serving.servers import serve
-from experiments.serving.torch_engine import TorchEngine
 from optimizers.batching import Batching
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 from optimizers.prefix_caching import PrefixCaching

@@ -11,7 +11,7 @@ from optimizers.quantization import WeightQuantization
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 from experiments.serving import build_engine  # noqa: E402
-from experiments.serving.openvino_llm import OpenVinoCausalLM  # noqa: E402
+from experiments.serving.backends.openvino.causal_lm import OpenVinoCausalLM  # noqa: E402
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["def __init__(self, name):\n", "import os\nimport sys\n\n", "    for i in range(len(items)):\n"]

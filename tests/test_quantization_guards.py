@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from experiments.core.recipe import Candidate, Env, Recipe, Target
-from experiments.serving.torch_quantize import quantize_torchao
+from experiments.serving.backends.pytorch.quantize import quantize_torchao
 from optimizers.quantization import WeightQuantization
 
 CPU = Env(cuda=False, cuda_capability=None, cpu_count=2)
@@ -39,7 +39,7 @@ def test_int8_on_a_compiled_torch_champion_is_refused_with_the_reason():
 
 
 def test_torch_engine_refuses_bf16_int8_before_serving(tiny_target):
-    from experiments.serving.torch_engine import TorchEngine
+    from experiments.serving.backends.pytorch.causal_lm import TorchEngine
 
     with pytest.raises(ValueError, match="needs an fp32 champion"):
         TorchEngine(Candidate(tiny_target, Recipe(precision="bf16", quantization="int8")), 1)

@@ -99,8 +99,8 @@ def test_batching_order_and_engine():
 
 def test_a_rung_asks_the_engine_of_the_candidate_it_would_produce():
     from experiments.serving import engine_class, refusal
-    from experiments.serving.openvino_llm import OpenVinoCausalLM
-    from experiments.serving.torch_engine import TorchEngine
+    from experiments.serving.backends.openvino.causal_lm import OpenVinoCausalLM
+    from experiments.serving.backends.pytorch.causal_lm import TorchEngine
 
     bf16 = BASE.edited("half_precision", precision="bf16")
     int8 = WeightQuantization("int8").apply(bf16)

@@ -202,7 +202,7 @@ class LeakyEngine:
 @pytest.fixture(scope="module")
 def torch_engine(tiny_target):
     from experiments.core.recipe import Candidate
-    from experiments.serving.torch_engine import TorchEngine
+    from experiments.serving.backends.pytorch.causal_lm import TorchEngine
 
     engine = TorchEngine(Candidate(tiny_target), 1)   # one thread: less at the mercy of other processes' load
     yield engine

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from experiments.serving.torch_quantize import quantize
+from experiments.serving.backends.pytorch.quantize import quantize
 
 
 class VariantEngine:

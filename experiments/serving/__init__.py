@@ -10,12 +10,9 @@ from experiments.core.recipe import Candidate
 from experiments.serving.engine import Engine
 from experiments.targets.kinds import kind_of
 
-NEEDS_ARTEFACTS = {"onnxruntime", "openvino"}
-
-
 def engine_class(cand: Candidate) -> type[Engine]:
     """The class that builds the candidate's recipe; a recipe engine spelled "module:Class" names a class of one's
-    own (constructed like the built-in torch engine: cand, threads). ValueError when there is none."""
+    own (constructed as every engine is: cand, threads, artefact_root). ValueError when there is none."""
     if ":" in cand.recipe.engine:
         module, cls = cand.recipe.engine.split(":")
         return getattr(import_module(module), cls)
@@ -48,7 +45,4 @@ def continuous_changes(cand: Candidate, scheduler: str) -> dict:
 
 def build_engine(cand: Candidate, threads: int, artefact_root: Path) -> Engine:
     """The engine for the candidate's recipe; its constructor refuses a recipe it cannot build."""
-    cls = engine_class(cand)
-    if cand.recipe.engine in NEEDS_ARTEFACTS:
-        return cls(cand, threads, artefact_root)
-    return cls(cand, threads)
+    return engine_class(cand)(cand, threads, artefact_root)

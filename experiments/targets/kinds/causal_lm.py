@@ -29,11 +29,11 @@ class CausalLMKind(Kind):
     noun = "causal LM"
     decodes = True
     metrics = LATENCY_METRICS
-    engines = {"torch": "experiments.serving.torch_engine:TorchEngine",
-               "onnxruntime": "experiments.serving.ort_engine:OrtGenaiEngine",
-               "openvino": "experiments.serving.openvino_llm:OpenVinoCausalLM"}
+    engines = {"torch": "experiments.serving.backends.pytorch.causal_lm:TorchEngine",
+               "onnxruntime": "experiments.serving.backends.onnxruntime.causal_lm:OrtGenaiEngine",
+               "openvino": "experiments.serving.backends.openvino.causal_lm:OpenVinoCausalLM"}
     # torch with recipe.cuda_graph: the decode step replayed from a captured graph
-    cuda_graph_engine = "experiments.serving.cuda_graph_engine:CudaGraphEngine"
+    cuda_graph_engine = "experiments.serving.backends.pytorch.cuda_graph:CudaGraphEngine"
     folders = "causal LMs (*ForCausalLM)"
     packaged_as = "a text-generation pyfunc"
     throughput_unit = "tokens/s"

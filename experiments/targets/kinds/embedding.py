@@ -29,9 +29,9 @@ class EmbeddingKind(Kind):
     noun = "encoder"
     decodes = False
     metrics = ENCODER_METRICS
-    engines = {"torch": "experiments.serving.encoder:TorchEncoder",
-               "onnxruntime": "experiments.serving.encoder:OrtEncoder",
-               "openvino": "experiments.serving.openvino_encoder:OpenVinoEncoder"}
+    engines = {"torch": "experiments.serving.backends.pytorch.encoder:TorchEncoder",
+               "onnxruntime": "experiments.serving.backends.onnxruntime.encoder:OrtEncoder",
+               "openvino": "experiments.serving.backends.openvino.encoder:OpenVinoEncoder"}
     folders = "encoders (*Model or a sentence-transformers folder)"
     packaged_as = "an embedding pyfunc (texts in, L2-normalised vectors out)"
     throughput_unit = "embeddings/s"

@@ -15,7 +15,8 @@ import numpy as np
 
 from experiments.core.artefacts import cached, weights_digest
 from experiments.core.recipe import Candidate, Recipe
-from experiments.serving.encoder import EXPORT_VERSION, EncoderEngine, encoder_refusal, export_onnx
+from experiments.serving.backends.onnxruntime.encoder import export_onnx
+from experiments.serving.encoder_engine import EXPORT_VERSION, EncoderEngine, encoder_refusal
 from experiments.serving.engine import torch_only
 
 # ops between a compressed weight constant and its MatMul (NNCF's decompression subgraph)

@@ -15,8 +15,8 @@ import torch
 
 from experiments.core.gpu_guards import tensorrt_options
 from experiments.core.recipe import Candidate, device_name
+from experiments.serving.backends.pytorch.quantize import quantize, torch_refusal
 from experiments.serving.engine import Engine, genai_batching, unpaged_prefix
-from experiments.serving.torch_quantize import quantize, torch_refusal
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 COMPILE_MODES = ("none", "inductor", "tensorrt")
@@ -42,7 +42,7 @@ class TorchEngine(Engine):
     def batches_continuously(cls, recipe, scheduler: str) -> dict | None:
         return {"scheduler": scheduler}
 
-    def __init__(self, cand: Candidate, threads: int):
+    def __init__(self, cand: Candidate, threads: int, artefact_root: Path | None = None):   # builds no artefact
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.require_buildable(cand)
@@ -68,7 +68,7 @@ class TorchEngine(Engine):
         self.reused = False
 
     def _capture_decode(self) -> None:
-        raise ValueError("the decode step is captured by CudaGraphEngine (experiments/serving/cuda_graph_engine.py)")
+        raise ValueError("the decode step is captured by CudaGraphEngine (experiments/serving/backends/pytorch/cuda_graph.py)")
 
     def _compile(self, mode: str) -> None:
         # Past the recompile limit dynamo would fall back to the eager module without a word: fail instead, so

@@ -18,14 +18,14 @@ import torch
 
 from experiments.core.recipe import Candidate
 from experiments.judge.accuracy import OnnxSessionLM
-from experiments.serving.engine import Engine, unpaged_prefix
-from experiments.serving.openvino_encoder import (
+from experiments.serving.backends.openvino.encoder import (
     CompiledIR,
     cached_ir,
     compression_args,
     ir_weight_bits,
     openvino_refusal,
 )
+from experiments.serving.engine import Engine, unpaged_prefix
 
 
 def kv_names(num_layers: int, prefix: str) -> list[str]:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import torch
 
 from experiments.core.recipe import Candidate
-from experiments.serving.torch_engine import TorchEngine
+from experiments.serving.backends.pytorch.causal_lm import TorchEngine
 
 WARMUP_STEPS = 3   # eager steps on the side stream before capture: cuBLAS handles and workspaces come into being
 

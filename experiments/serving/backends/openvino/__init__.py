@@ -1,0 +1,1 @@
+"""OpenVINO: the IR compiled for the CPU, for causal LMs and encoders; one module per target kind."""
