@@ -147,6 +147,21 @@ def test_the_layer_check_reads_import_module_targets(tmp_path):
     assert found == ["experiments.targets.kinds.a", "experiments.targets.kinds.b"]
 
 
+def test_only_the_record_layer_talks_to_mlflow():
+    """The climb hands results to experiments/record, which logs them: MLflow is imported nowhere else in the
+    product (developer tools and benchmarks aside)."""
+    tools = ("experiments.record", "experiments.tools", "experiments.benchmarks")
+    found = []
+    for name, path in _modules().items():
+        if name.startswith(tools):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [f"{name} imports {n}" for n in names if n.split(".")[0] == "mlflow"]
+    assert found == []
+
+
 def test_no_module_imports_another_modules_private_names():
     _, _, private = _graph()
     assert private == []

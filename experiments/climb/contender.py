@@ -24,6 +24,7 @@ from experiments.judge.accuracy import AccuracyReport
 from experiments.measure import isolation
 from experiments.measure.benchmark import run_benchmark
 from experiments.measure.load import run_level
+from experiments.record import tracking
 from experiments.record.console import SweepConsole, quiet_libraries
 from experiments.serving import build_engine
 from experiments.serving.servers import serve
@@ -223,11 +224,8 @@ def _level_on(engine, workload, load, concurrency: int, confidence: float) -> Le
 
 
 def _soak_here(judge, cand: Candidate, bench, criteria, sweep, name: str, run_id: str) -> list:
-    import mlflow
-
     sweep.ui = _quiet_console()
-    mlflow.set_tracking_uri(str(sweep.cfg.tracking.uri))
-    mlflow.start_run(run_id=run_id)      # not ended here: the rung's process owns the run's status
+    tracking.attach(str(sweep.cfg.tracking.uri), run_id)   # not ended here: the rung's process owns the run's status
     engine = build_engine(cand, int(sweep.cfg.threads), Path(sweep.cfg.cache_dir) / "artefacts")
     try:
         return judge(engine, bench, criteria, sweep, name)

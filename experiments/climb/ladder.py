@@ -7,7 +7,6 @@ import os
 import time
 from pathlib import Path
 
-import mlflow
 from omegaconf import DictConfig
 
 from experiments.analyse import memory_fit
@@ -62,7 +61,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
                 f"{', '.join(s.text for s in not_applicable)}")
     # only now, with the target's own data read (a built model's or a converted GGUF's prompts file included)
     experiment_id = tracking.connect(cfg.tracking)   # safe for parallel jobs
-    mlflow.MlflowClient().set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
+    tracking.client().set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
     sweep = Sweep(cfg, env, target, workload, kind, Gate(cfg.gate, cfg.seed), experiment_id, ui)
     load = MachineLoad.sample()
     if load.warning():
@@ -112,14 +111,14 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         tracking.set_tags({Tag.CHAMPION_RUN: champion.run_id if champion else "",
                          Tag.CHAMPION_RUNG: champion.name if champion else ""})
         if champion and champion.capacity:
-            mlflow.log_metrics(champion.capacity.to_metrics())
+            tracking.log_metrics(champion.capacity.to_metrics())
             tracking.log_text(champion.capacity.to_markdown(), "capacity/plan.md")
         diagnose_sweep(outcomes, champion, sweep)
         tracking.log_text(markdown_table(outcomes, top), "summary.md")
         _log_review(outcomes, champion, sweep, f"ROI ladder: {target.name}, sweep {sweep_id}")
     book.finish("finished")     # after the parent run ended: a kill before this redoes only the closing steps
     view = f"sweep-{sweep_id}"
-    save_ladder_view(mlflow.MlflowClient(), experiment_id, view, parent.info.run_id,
+    save_ladder_view(tracking.client(), experiment_id, view, parent.info.run_id,
                      kinds.kind_of(target.kind).key_metrics)
     base = ui_base(cfg.tracking)
     urls = (ladder_view_url(base, experiment_id, view), run_url(base, experiment_id, parent.info.run_id))
@@ -131,7 +130,7 @@ def _log_review(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep
     top = int(max(sweep.cfg.benchmark.concurrency))
     figures = sweep_figures(outcomes, champion, sweep.cfg)
     for path, fig in figures.items():
-        mlflow.log_figure(fig, path)
+        tracking.log_figure(fig, path)
     tracking.log_text(review.html_report(title, outcomes, top, figures), "report.html")
     tracking.set_tag(review.DESCRIPTION, review.sweep_description(outcomes, champion, top, sweep.target.name))
 

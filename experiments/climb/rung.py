@@ -8,7 +8,6 @@ import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import mlflow
 import numpy as np
 from omegaconf import DictConfig
 
@@ -94,7 +93,7 @@ def _challenge_isolated(name, opt, champion, current, sweep: Sweep, run_id: str,
         log_path = sweep.logs / f"{name}-{run_id[:8]}.log"   # a redone rung's log is its own
         done = isolation.run(_challenge_in_child, (name, opt, alone, current, replace(sweep, ui=None), run_id),
                              limits, log_path, on_start=book.child)
-        mlflow.log_metrics({"isolation/peak_rss_bytes": done.peak_rss_bytes, "isolation/seconds": done.seconds})
+        tracking.log_metrics({"isolation/peak_rss_bytes": done.peak_rss_bytes, "isolation/seconds": done.seconds})
         tracking.set_tag(Tag.ISOLATION, f"child process, limits {limits.describe()}, log {log_path}")
         if log_path.exists() and log_path.stat().st_size:
             tracking.log_text(log_path.read_text(errors="replace")[-200_000:], "logs/rung.log")
@@ -114,8 +113,7 @@ def _challenge_in_child(name, opt, champion, current, sweep: Sweep, run_id: str)
     """The rung's own process: its console, and the rung's MLflow run picked up by id."""
     quiet_libraries()
     sweep.ui = SweepConsole()
-    mlflow.set_tracking_uri(str(sweep.cfg.tracking.uri))
-    with mlflow.start_run(run_id=run_id):
+    with tracking.attach(str(sweep.cfg.tracking.uri), run_id):
         return _challenge(name, opt, champion, current, sweep, run_id)
 
 
@@ -138,7 +136,7 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
             return outcome, sweep.kind.reference, sweep.scores
         if cand.target.model_dir != current.target.model_dir:   # the rung made a new model
             tracking.set_tag(Tag.MODEL_DIR, str(cand.target.model_dir))
-        mlflow.log_params(tracking.flatten({"recipe": cand.describe()}))
+        tracking.log_params(tracking.flatten({"recipe": cand.describe()}))
         tracking.log_params(opt.applied())
         tracking.set_tag(Tag.MEASUREMENT, contender.WHAT_WAS_DONE)
         measured = _measure(cand, sweep, name, apart)
@@ -179,10 +177,10 @@ def _measure(cand, sweep: Sweep, name: str, apart: contender.Apart) -> contender
     with sweep.ui.stage(f"{name}: {cand.recipe.engine} engine: build, load ladder and scores, in a process "
                         f"of its own") as st:
         measured = contender.measure(cand, sweep, name, apart, on_progress=st.relayed)
-    mlflow.log_metric("artefact_bytes", measured.artefact_bytes)
-    mlflow.log_metric("weight_bits", measured.weight_bits)
+    tracking.log_metric("artefact_bytes", measured.artefact_bytes)
+    tracking.log_metric("weight_bits", measured.weight_bits)
     if measured.build_seconds is not None:
-        mlflow.log_metric("build_seconds", measured.build_seconds)
+        tracking.log_metric("build_seconds", measured.build_seconds)
         tracking.set_tag(Tag.ARTEFACT_REUSED, str(measured.artefact_reused))
     sweep.ui.levels(name, measured.bench)
     if sweep.kind.reference is None:
@@ -258,7 +256,7 @@ def _log_rounds(rounds: interleaved.Rounds, obj, csv_path: str, metric: str) -> 
     tracking.log_text(rounds.to_csv(obj.metric, obj.stat), csv_path)
     for r, ratio in enumerate(rounds.ratios("challenger", "champion", obj.metric, obj.stat)):
         if np.isfinite(ratio):
-            mlflow.log_metric(metric, float(ratio), step=r)
+            tracking.log_metric(metric, float(ratio), step=r)
 
 
 def _soak(cand, bench, criteria, sweep: Sweep, name: str, run_id: str, apart: contender.Apart) -> list[Criterion]:
@@ -357,19 +355,19 @@ def _soak_skipped(criteria: list[Criterion], cfg) -> str | None:
 
 def _log_measurements(outcome: RungOutcome) -> None:
     tracking.log_series(benchmark_log.metric_series(outcome.bench))
-    mlflow.log_figure(plots.latency_percentiles(outcome.bench), "benchmark/latency_percentiles.png")
-    mlflow.log_figure(plots.throughput_vs_latency(outcome.bench), "benchmark/throughput_vs_latency.png")
+    tracking.log_figure(plots.latency_percentiles(outcome.bench), "benchmark/latency_percentiles.png")
+    tracking.log_figure(plots.throughput_vs_latency(outcome.bench), "benchmark/throughput_vs_latency.png")
     tracking.log_text(benchmark_log.samples_csv(outcome.bench), "benchmark/samples.csv")
     tracking.set_tags({f"validity.{k}": str(v) for k, v in outcome.bench.validity().items()})
     if outcome.fidelity is not None:
-        mlflow.log_metrics(outcome.fidelity.to_metrics())
+        tracking.log_metrics(outcome.fidelity.to_metrics())
     _log_accuracy(outcome.accuracy)
 
 
 def _log_accuracy(reports: list[AccuracyReport]) -> None:
     shared = len({a.task for a in reports}) < len(reports)   # recall@1 and @5 of one task
     for acc in reports:
-        mlflow.log_metrics(acc.to_metrics())
+        tracking.log_metrics(acc.to_metrics())
         folder = f"accuracy/{acc.task}/{mlflow_name(acc.metric)}" if shared else f"accuracy/{acc.task}"
         tracking.write_json(acc.results, f"{folder}/results.json")
 
@@ -381,7 +379,7 @@ def _capacity_plan(bench, cfg_capacity):
     except ValueError as exc:  # no level met the tier: say so instead of inventing a number
         tracking.set_tag(Tag.CAPACITY, f"no plan: {exc}")
         return None
-    mlflow.log_metrics(result.to_metrics())
+    tracking.log_metrics(result.to_metrics())
     tracking.log_text(result.to_markdown(), "capacity/plan.md")
     tracking.set_tag(Tag.CAPACITY, f"{result.replicas} replicas for {cfg_capacity.peak_qps} QPS "
                                    f"({result.tier}), {result.cost_per_hour:.2f}/h")
@@ -390,5 +388,5 @@ def _capacity_plan(bench, cfg_capacity):
 
 def _log_criteria(criteria: tuple[Criterion, ...]) -> None:
     for c in criteria:
-        mlflow.log_metrics({f"gate/{c.name}/{k}": v for k, v in c.numbers.items()})
+        tracking.log_metrics({f"gate/{c.name}/{k}": v for k, v in c.numbers.items()})
         tracking.set_tag(f"{Tag.GATE}{c.name}", f"{'pass' if c.passed else 'FAIL'}: {c.detail}"[:5000])

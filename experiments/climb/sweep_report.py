@@ -6,7 +6,6 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-import mlflow
 from omegaconf import DictConfig
 
 from experiments.analyse import diagnose, profiling, roofline
@@ -31,7 +30,7 @@ def diagnose_sweep(outcomes: list[RungOutcome], champion: RungOutcome | None, sw
     cfg = sweep.cfg
     rules, hardware = cfg.diagnosis, roofline.Hardware.from_conf(cfg.hardware)   # local CPU: measured once, here
     tried, names = {o.name: o.verdict.status for o in outcomes}, [o.name for o in outcomes]
-    client, found = mlflow.tracking.MlflowClient(), {}
+    client, found = tracking.client(), {}
     for o in outcomes:
         if o.bench is None or o.candidate is None or not o.run_id:
             continue
@@ -52,7 +51,7 @@ def diagnose_sweep(outcomes: list[RungOutcome], champion: RungOutcome | None, sw
     profile = _profile_champion(champion, sweep)
     result = replace(found[champion.name], profile=profile)
     tracking.set_tags(result.tags())
-    mlflow.log_metrics(result.to_metrics())
+    tracking.log_metrics(result.to_metrics())
     tracking.log_text(result.to_markdown(), "diagnosis/diagnosis.md")
     sweep.ui.note(f"diagnosis of {champion.name}: {result.tag}\n  recommended next rung: {result.next_rung}")
 
@@ -79,7 +78,7 @@ def _profile_champion(champion: RungOutcome, sweep: Sweep):
                     raise RuntimeError(done.failure)
                 profile = done.value
         tracking.log_text(profile.to_markdown(int(rules.profile.top_ops)), "diagnosis/framework_profile.md")
-        mlflow.log_metrics(profile.to_metrics())
+        tracking.log_metrics(profile.to_metrics())
         return profile
     except Exception as exc:  # noqa: BLE001  (the diagnosis says what it could not do)
         log.exception("profiling the champion failed")
@@ -97,8 +96,8 @@ def _profile_decode(cand: Candidate, threads: int, artefacts: Path, ids: list[in
 
 def _diagnose_model_layer(report) -> None:
     """The champion on the roofline of the configured hardware (the seed's model-layer drill-down)."""
-    mlflow.log_metrics(report.to_metrics())
-    mlflow.log_figure(roofline.plot(report), "diagnosis/roofline.png")
+    tracking.log_metrics(report.to_metrics())
+    tracking.log_figure(roofline.plot(report), "diagnosis/roofline.png")
     tracking.log_text(report.to_markdown(), "diagnosis/roofline.md")
     tracking.set_tag(Tag.DIAGNOSIS_MODEL_LAYER, report.summary()[:5000])
 

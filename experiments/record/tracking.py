@@ -242,6 +242,29 @@ def log_text(text: str, artifact_path: str) -> None:
     mlflow.log_text(scrub_text(text), artifact_path)
 
 
+def log_metric(key: str, value: float, step: int | None = None) -> None:
+    mlflow.log_metric(key, value, step=step)
+
+
+def log_metrics(metrics: dict[str, float]) -> None:
+    mlflow.log_metrics(metrics)
+
+
+def log_figure(figure, artifact_path: str) -> None:
+    mlflow.log_figure(figure, artifact_path)
+
+
+def client() -> MlflowClient:
+    return MlflowClient()
+
+
+def attach(uri: str, run_id: str):
+    """The run an earlier process started, made this (child) process's active run: its status stays its
+    starter's to set. Use as a context manager to end it on leaving, or call to leave it open."""
+    mlflow.set_tracking_uri(uri)
+    return mlflow.start_run(run_id=run_id)
+
+
 def environment() -> dict:
     import psutil
 

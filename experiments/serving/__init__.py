@@ -10,6 +10,7 @@ from experiments.core.recipe import Candidate
 from experiments.serving.engine import Engine
 from experiments.targets.kinds import kind_of
 
+
 def engine_class(cand: Candidate) -> type[Engine]:
     """The class that builds the candidate's recipe; a recipe engine spelled "module:Class" names a class of one's
     own (constructed as every engine is: cand, threads, artefact_root). ValueError when there is none."""
