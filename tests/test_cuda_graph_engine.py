@@ -7,7 +7,8 @@ import types
 import pytest
 
 from experiments.core.recipe import Candidate, Recipe
-from experiments.serving import build_engine, cuda_graph_engine
+from experiments.serving import build_engine
+from experiments.serving.backends.pytorch import cuda_graph as cuda_graph_engine
 
 
 def replaying_capture(step):
