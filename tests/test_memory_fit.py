@@ -64,7 +64,7 @@ def test_a_rung_whose_weights_would_not_fit_is_skipped_before_it_is_built(qwen, 
     monkeypatch.setattr(rung, "_measure", measure)
     monkeypatch.setattr(rung.tracking, "log_params", lambda *a: None)
     monkeypatch.setattr(rung.tracking, "set_tag", lambda *a: None)
-    sweep = SimpleNamespace(cfg=cfg, env=_env(), gate=None, kind=SimpleNamespace(reference=None), scores={},
+    sweep = SimpleNamespace(cfg=cfg, env=_env(), gate=None, scorer=SimpleNamespace(reference=None), scores={},
                             ui=_Ui(), logs=tmp_path)
     current = Candidate(Target("q", "causal-lm", qwen))
     out, _, _ = rung._challenge("half_precision", HalfPrecision(), None, current, sweep, "r1")

@@ -170,11 +170,11 @@ def _measure_here(cand: Candidate, sweep, name: str) -> Measured:
             # fidelity windows would compute exactly the same numbers again.
             acc, fidelity, reused_from = sweep.scores[key]
         else:
-            acc, fidelity = sweep.kind.score(engine, ui.stage, name)
+            acc, fidelity = sweep.scorer.score(engine, ui.stage, name)
             reused_from = None
         return Measured(bench, acc, fidelity, float(engine.artefact_bytes()), float(engine.weight_bits()),
                         getattr(engine, "build_seconds", None), getattr(engine, "reused", None), reused_from,
-                        sweep.kind.reference, os.getpid())
+                        sweep.scorer.reference, os.getpid())
     finally:
         engine.close()
 
@@ -183,7 +183,7 @@ def _score_more_here(cand: Candidate, reports, sweep, name: str) -> list[Accurac
     ui = _quiet_console()
     engine = _built(cand, sweep.cfg, ui, name)
     try:
-        return sweep.kind.score_more(engine, reports, ui.stage, name)
+        return sweep.scorer.score_more(engine, reports, ui.stage, name)
     finally:
         engine.close()
 

@@ -48,12 +48,12 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     memory_fit.check_baseline(EagerBaseline().apply(placed(target, cfg.target.get("device", "auto"), env)),
                               cfg.get("hardware", {}).get("memory_bytes"))
     include_path = Path(cfg.accuracy.include_path) if cfg.accuracy.include_path else shipped_tasks
-    kind = kinds.for_target(cfg, target, texts, include_path)
-    workload = kind.workload()
+    scorer = kinds.for_target(cfg, target, texts, include_path)
+    workload = scorer.workload()
     if cfg.gate.objective.metric not in kinds.kind_of(workload.kind).metrics:
         raise ConfigError(f"gate.objective.metric {cfg.gate.objective.metric!r} is not measured for a {target.kind} "
                           f"target", f"use one of {kinds.kind_of(workload.kind).metrics}")
-    for g in getattr(kind, "gated", ()):
+    for g in getattr(scorer, "gated", ()):
         ui.note(f"accuracy gate: {g.describe()}")
     _, not_applicable = applicable(parse_all(cfg.benchmark.slos), kinds.kind_of(workload.kind).metrics)
     if not_applicable:
@@ -62,7 +62,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     # only now, with the target's own data read (a built model's or a converted GGUF's prompts file included)
     experiment_id = tracking.connect(cfg.tracking)   # safe for parallel jobs
     tracking.client().set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
-    sweep = Sweep(cfg, env, target, workload, kind, Gate(cfg.gate, cfg.seed), experiment_id, ui)
+    sweep = Sweep(cfg, env, target, workload, scorer, Gate(cfg.gate, cfg.seed), experiment_id, ui)
     load = MachineLoad.sample()
     if load.warning():
         ui.note(load.warning())

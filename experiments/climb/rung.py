@@ -16,7 +16,7 @@ from experiments.analyse.capacity import plan
 from experiments.climb import contender
 from experiments.core.errors import ConfigError
 from experiments.core.names import Tag
-from experiments.core.recipe import Candidate, Env
+from experiments.core.recipe import Candidate, Env, Target
 from experiments.core.reports import BenchmarkReport
 from experiments.judge.accuracy import AccuracyReport, mlflow_name
 from experiments.judge.gate import Criterion, Gate, Verdict
@@ -27,6 +27,7 @@ from experiments.record.ledger import Ledger
 from experiments.record.outcome import RungOutcome
 from experiments.serving import build_engine
 from experiments.serving.servers import serve
+from experiments.targets.kinds.base import Scorer
 from experiments.targets.workload import Workload
 from optimizers.baseline import EagerBaseline
 from optimizers.placement import placed
@@ -39,12 +40,12 @@ class Sweep:
     """What every rung of one sweep shares: config, machine, target, load, data, gate, where to record."""
     cfg: DictConfig
     env: Env
-    target: object
+    target: Target
     workload: Workload
-    kind: object                                # the target kind's Scorer (experiments/targets/kinds): how answers are scored
+    scorer: Scorer                              # the target kind's: the workload, how answers are scored
     gate: Gate
     experiment_id: str
-    ui: object
+    ui: SweepConsole
     scores: dict = field(default_factory=dict)  # numerics key -> (accuracy, fidelity, rung that measured them)
     logs: Path | None = None                    # the rungs' child-process logs
 
@@ -100,8 +101,8 @@ def _challenge_isolated(name, opt, champion, current, sweep: Sweep, run_id: str,
         if done.failure:
             return RungOutcome(name, Verdict("failed", done.failure), run_id=run_id, champion_before=champion)
         outcome, reference, scores = done.value
-    if sweep.kind.reference is None:
-        sweep.kind.reference = reference           # the baseline's: fidelity of every later rung is against it
+    if sweep.scorer.reference is None:
+        sweep.scorer.reference = reference           # the baseline's: fidelity of every later rung is against it
     sweep.scores.update(scores)
     if champion is not None and champion.candidate is not None:   # its scores, completed by this rung's gate?
         champion.accuracy = sweep.scores.get(contender.numerics_key(champion.candidate), [champion.accuracy])[0]
@@ -133,7 +134,7 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
                 opt.on_progress = None
         if too_big := memory_fit.refusal(cand, _memory_setting(cfg)):   # before anything is built
             outcome.verdict = Verdict("skipped", f"not applicable here: {too_big}")
-            return outcome, sweep.kind.reference, sweep.scores
+            return outcome, sweep.scorer.reference, sweep.scores
         if cand.target.model_dir != current.target.model_dir:   # the rung made a new model
             tracking.set_tag(Tag.MODEL_DIR, str(cand.target.model_dir))
         tracking.log_params(tracking.flatten({"recipe": cand.describe()}))
@@ -149,7 +150,7 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
             criteria = _performance(champion, outcome.bench, cand, sweep, name, apart)
             if cfg.gate.get("slos_still_met", True):
                 criteria.append(gate.slos(champion.bench, outcome.bench))
-            drift = sweep.kind.judge(outcome.fidelity)   # fidelity (and generation agreement) vs the baseline
+            drift = sweep.scorer.judge(outcome.fidelity)   # fidelity (and generation agreement) vs the baseline
             if not opt.fidelity_gated:
                 tracking.set_tag(Tag.FIDELITY, "recorded, not gated for this rung: "
                                                  + "; ".join(c.detail for c in drift))
@@ -165,7 +166,7 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
     except Exception as exc:  # a rung that breaks is a verdict, not the end of the sweep
         log.exception("rung %s failed", name)
         outcome.verdict = Verdict("failed", f"{type(exc).__name__}: {str(exc)[:400]}")
-    return outcome, sweep.kind.reference, sweep.scores
+    return outcome, sweep.scorer.reference, sweep.scores
 
 
 def _memory_setting(cfg):
@@ -183,8 +184,8 @@ def _measure(cand, sweep: Sweep, name: str, apart: contender.Apart) -> contender
         tracking.log_metric("build_seconds", measured.build_seconds)
         tracking.set_tag(Tag.ARTEFACT_REUSED, str(measured.artefact_reused))
     sweep.ui.levels(name, measured.bench)
-    if sweep.kind.reference is None:
-        sweep.kind.reference = measured.reference
+    if sweep.scorer.reference is None:
+        sweep.scorer.reference = measured.reference
     if measured.scores_reused_from:
         tracking.set_tag(Tag.SCORES_REUSED_FROM, measured.scores_reused_from)
         sweep.ui.note(f"{name}: accuracy and fidelity as measured on {measured.scores_reused_from} "

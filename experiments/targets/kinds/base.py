@@ -3,6 +3,21 @@ subclass of Kind); kept apart from the package's registry so that a kind's modul
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
+
+
+class Scorer(Protocol):
+    """A sweep's scoring of its target (Kind.scorer): the workload, each candidate's answers scored in its own
+    engine, and the gate's criteria on their drift from the baseline's `reference`."""
+    reference: object
+
+    def workload(self): ...
+
+    def score(self, engine, stage, name: str) -> tuple[list, object]: ...
+
+    def score_more(self, engine, reports: list, stage, name: str) -> list: ...   # a causal LM's accuracy: its last look
+
+    def judge(self, drift) -> list: ...
 
 
 class Kind:
@@ -48,7 +63,7 @@ class Kind:
         """The model's roofline.ModelShape, or None where the roofline's counts do not fit this kind."""
         return None
 
-    def scorer(self, cfg, target, texts: list[str], include_path: Path | None):
+    def scorer(self, cfg, target, texts: list[str], include_path: Path | None) -> Scorer:
         """The sweep's Scorer: workload(), score(engine, stage, name), judge(report), and the baseline's
         `reference` (kept by the ledger)."""
         raise NotImplementedError
