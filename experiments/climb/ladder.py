@@ -68,7 +68,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         ui.note(load.warning())
     top = int(max(cfg.benchmark.concurrency))
     book, keys, resume, why = _open_ledger(sweep, [n for n, _ in rungs])
-    outcomes = ledger.restore(resume, kind, sweep.scores) if resume else []
+    outcomes = ledger.restore(resume, scorer, sweep.scores) if resume else []
     champion = next((o for o in reversed(outcomes) if o.verdict.accepted), None)
     sweep_id = resume.sweep_id if resume else time.strftime("%Y%m%d-%H%M%S")
     sweep.logs = data_dir / "logs" / f"{tracking.slug(str(cfg.tracking.experiment))}--{sweep_id}"
@@ -81,7 +81,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         tracking.set_tag(Tag.MACHINE_LOAD, f"at the start: {load.text()}")
         if not_applicable:
             tracking.set_tag(Tag.SLOS_NOT_APPLICABLE, ", ".join(s.text for s in not_applicable))
-        if gated := getattr(kind, "gated", None):
+        if gated := getattr(scorer, "gated", None):
             tracking.set_tag(Tag.ACCURACY_METRIC, "; ".join(g.describe() for g in gated))
         measured_s = []                  # how long each rung that applied took: the estimate of what remains
         for name, opt in rungs[len(outcomes):]:
@@ -97,7 +97,7 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
             if outcome.verdict.accepted:
                 champion = outcome
             book.done(_ledger_entry(outcome), {"outcomes": {o.name: o for o in outcomes},
-                                               "reference": kind.reference, "scores": sweep.scores})
+                                               "reference": scorer.reference, "scores": sweep.scores})
             tracking.mark_run(outcome.run_id, {review.DESCRIPTION: review.rung_description(outcome),
                                                Tag.MACHINE_LOAD: f"at the rung's start: {load.text()}"},
                               metrics=load.to_metrics())
