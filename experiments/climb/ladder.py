@@ -31,17 +31,48 @@ from optimizers.placement import placed, resolve_device
 
 
 def run_sweep(cfg: DictConfig, ui) -> SweepResult:
+    """Every check, then the target and how it is scored, then the rungs in order under the sweep's parent run
+    (resumed where an unfinished run of the same sweep stopped), then the sweep's own records."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     rungs = validate(cfg)
-    data_dir = Path(cfg.data_dir)
+    env = _environment(cfg)
+    sweep, not_applicable = _prepare(cfg, env, ui)
+    load = MachineLoad.sample()
+    if load.warning():
+        ui.note(load.warning())
+    top = int(max(cfg.benchmark.concurrency))
+    book, keys, resume, why = _open_ledger(sweep, [n for n, _ in rungs])
+    outcomes = ledger.restore(resume, sweep.scorer, sweep.scores) if resume else []
+    sweep_id = resume.sweep_id if resume else time.strftime("%Y%m%d-%H%M%S")
+    sweep.logs = Path(cfg.data_dir) / "logs" / f"{tracking.slug(str(cfg.tracking.experiment))}--{sweep_id}"
+    with tracking.run(f"sweep-{sweep_id}", sweep.experiment_id, run_id=resume.parent_run_id if resume else None,
+                      tags=_sweep_tags(sweep, sweep_id)) as parent, GracefulStop() as stop:
+        book.begin(parent.info.run_id, sweep_id, resume.kept if resume else [])   # before anything else is logged
+        _record_start(resume, why, sweep, outcomes, top)
+        _tag_start(load, not_applicable, sweep.scorer)
+        champion = _climb_rungs(rungs, outcomes, sweep, book, keys, stop)
+        _record_end(outcomes, champion, sweep, f"ROI ladder: {sweep.target.name}, sweep {sweep_id}")
+    book.finish("finished")     # after the parent run ended: a kill before this redoes only the closing steps
+    return _result(sweep, parent.info.run_id, f"sweep-{sweep_id}", outcomes, champion)
+
+
+def _environment(cfg: DictConfig) -> Env:
+    """The tracking store reachable and the baseline's device present, before the model is built."""
     tracking.probe(cfg.tracking)   # a bad tracking URI fails before the model is built; nothing created yet
     env = Env.detect()
     try:
-        resolve_device(cfg.target.get("device", "auto"), env)   # before any work: the baseline's device
+        resolve_device(cfg.target.get("device", "auto"), env)
     except ValueError as exc:
         raise ConfigError(str(exc), "set target.device to auto, cpu or a CUDA device this machine has") from None
+    return env
+
+
+def _prepare(cfg: DictConfig, env: Env, ui) -> tuple[Sweep, list]:
+    """The model built or loaded, its weights checked against memory, its kind's scorer and workload, the
+    objective and SLOs checked against what that kind measures; then the experiment. (The sweep, the SLOs left
+    out.)"""
     with ui.stage("target: building or loading the model") as st:
-        target, texts, shipped_tasks = resolve(cfg.target, Path(cfg.cache_dir), data_dir, ui.note,
+        target, texts, shipped_tasks = resolve(cfg.target, Path(cfg.cache_dir), Path(cfg.data_dir), ui.note,
                                                on_step=lambda done, total: st.progress(done, total, "training",
                                                                                        "steps"))
     # before the model is loaded: a baseline whose weights would not fit stops the sweep
@@ -50,79 +81,90 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
     include_path = Path(cfg.accuracy.include_path) if cfg.accuracy.include_path else shipped_tasks
     scorer = kinds.for_target(cfg, target, texts, include_path)
     workload = scorer.workload()
-    if cfg.gate.objective.metric not in kinds.kind_of(workload.kind).metrics:
+    measured = kinds.kind_of(workload.kind).metrics
+    if cfg.gate.objective.metric not in measured:
         raise ConfigError(f"gate.objective.metric {cfg.gate.objective.metric!r} is not measured for a {target.kind} "
-                          f"target", f"use one of {kinds.kind_of(workload.kind).metrics}")
+                          f"target", f"use one of {measured}")
     for g in getattr(scorer, "gated", ()):
         ui.note(f"accuracy gate: {g.describe()}")
-    _, not_applicable = applicable(parse_all(cfg.benchmark.slos), kinds.kind_of(workload.kind).metrics)
+    _, not_applicable = applicable(parse_all(cfg.benchmark.slos), measured)
     if not_applicable:
         ui.note(f"SLOs that do not apply to a {target.kind} target, left out: "
                 f"{', '.join(s.text for s in not_applicable)}")
     # only now, with the target's own data read (a built model's or a converted GGUF's prompts file included)
     experiment_id = tracking.connect(cfg.tracking)   # safe for parallel jobs
     tracking.client().set_experiment_tag(experiment_id, *EXPERIMENT_KIND)
-    sweep = Sweep(cfg, env, target, workload, scorer, Gate(cfg.gate, cfg.seed), experiment_id, ui)
-    load = MachineLoad.sample()
-    if load.warning():
-        ui.note(load.warning())
-    top = int(max(cfg.benchmark.concurrency))
-    book, keys, resume, why = _open_ledger(sweep, [n for n, _ in rungs])
-    outcomes = ledger.restore(resume, scorer, sweep.scores) if resume else []
+    return Sweep(cfg, env, target, workload, scorer, Gate(cfg.gate, cfg.seed), experiment_id, ui), not_applicable
+
+
+def _sweep_tags(sweep: Sweep, sweep_id: str) -> dict:
+    return {Tag.SWEEP: sweep_id, Tag.TARGET: sweep.target.name, Tag.KIND: "sweep",
+            Tag.PROFILE: str(sweep.cfg.get("profile_name", "")), "git_commit": tracking.git_commit(),
+            "hardware": "cuda" if sweep.env.cuda else "cpu"}
+
+
+def _tag_start(load: MachineLoad, not_applicable: list, scorer) -> None:
+    tracking.set_tag(Tag.MACHINE_LOAD, f"at the start: {load.text()}")
+    if not_applicable:
+        tracking.set_tag(Tag.SLOS_NOT_APPLICABLE, ", ".join(s.text for s in not_applicable))
+    if gated := getattr(scorer, "gated", None):
+        tracking.set_tag(Tag.ACCURACY_METRIC, "; ".join(g.describe() for g in gated))
+
+
+def _climb_rungs(rungs: list, outcomes: list[RungOutcome], sweep: Sweep, book: Ledger, keys: dict,
+                 stop: GracefulStop) -> RungOutcome | None:
+    """The rungs not yet climbed, in order, each against the champion so far; the champion at the end. A first
+    Ctrl-C lets the running rung finish, then the sweep stops, resumable."""
+    top = int(max(sweep.cfg.benchmark.concurrency))
     champion = next((o for o in reversed(outcomes) if o.verdict.accepted), None)
-    sweep_id = resume.sweep_id if resume else time.strftime("%Y%m%d-%H%M%S")
-    sweep.logs = data_dir / "logs" / f"{tracking.slug(str(cfg.tracking.experiment))}--{sweep_id}"
-    with tracking.run(f"sweep-{sweep_id}", experiment_id, run_id=resume.parent_run_id if resume else None,
-                      tags={Tag.SWEEP: sweep_id, Tag.TARGET: target.name, Tag.KIND: "sweep",
-                            Tag.PROFILE: str(cfg.get("profile_name", "")), "git_commit": tracking.git_commit(),
-                            "hardware": "cuda" if env.cuda else "cpu"}) as parent, GracefulStop() as stop:
-        book.begin(parent.info.run_id, sweep_id, resume.kept if resume else [])   # before anything else is logged
-        _record_start(resume, why, sweep, outcomes, top)
-        tracking.set_tag(Tag.MACHINE_LOAD, f"at the start: {load.text()}")
-        if not_applicable:
-            tracking.set_tag(Tag.SLOS_NOT_APPLICABLE, ", ".join(s.text for s in not_applicable))
-        if gated := getattr(scorer, "gated", None):
-            tracking.set_tag(Tag.ACCURACY_METRIC, "; ".join(g.describe() for g in gated))
-        measured_s = []                  # how long each rung that applied took: the estimate of what remains
-        for name, opt in rungs[len(outcomes):]:
-            if stop.requested:
-                break
-            ui.rung_start(len(outcomes) + 1, len(rungs), name, measured_s, len(outcomes))
-            load = MachineLoad.sample()
-            began = time.monotonic()
-            outcome = climb(name, opt, champion, sweep, book, keys[name])
-            if outcome.verdict.status != "skipped":
-                measured_s.append(time.monotonic() - began)
-            outcomes.append(outcome)
-            if outcome.verdict.accepted:
-                champion = outcome
-            book.done(_ledger_entry(outcome), {"outcomes": {o.name: o for o in outcomes},
-                                               "reference": scorer.reference, "scores": sweep.scores})
-            tracking.mark_run(outcome.run_id, {review.DESCRIPTION: review.rung_description(outcome),
-                                               Tag.MACHINE_LOAD: f"at the rung's start: {load.text()}"},
-                              metrics=load.to_metrics())
-            ui.rung_done(outcome, top)
-        if stop.requested and len(outcomes) < len(rungs):
-            book.finish("interrupted")
-            tracking.set_tag(Tag.INTERRUPTED, f"stopped by Ctrl-C after {outcomes[-1].name if outcomes else 'no rung'}"
-                                                f"; running the same sweep again resumes it")
-            raise SweepInterrupted(f"stopped after {len(outcomes)} of {len(rungs)} rungs, each recorded; run the "
-                                   f"same command again to resume from {rungs[len(outcomes)][0]}")
-        tracking.set_tags({Tag.CHAMPION_RUN: champion.run_id if champion else "",
-                         Tag.CHAMPION_RUNG: champion.name if champion else ""})
-        if champion and champion.capacity:
-            tracking.log_metrics(champion.capacity.to_metrics())
-            tracking.log_text(champion.capacity.to_markdown(), "capacity/plan.md")
-        diagnose_sweep(outcomes, champion, sweep)
-        tracking.log_text(markdown_table(outcomes, top), "summary.md")
-        _log_review(outcomes, champion, sweep, f"ROI ladder: {target.name}, sweep {sweep_id}")
-    book.finish("finished")     # after the parent run ended: a kill before this redoes only the closing steps
-    view = f"sweep-{sweep_id}"
-    save_ladder_view(tracking.client(), experiment_id, view, parent.info.run_id,
-                     kinds.kind_of(target.kind).key_metrics)
-    base = ui_base(cfg.tracking)
-    urls = (ladder_view_url(base, experiment_id, view), run_url(base, experiment_id, parent.info.run_id))
-    return SweepResult(parent.info.run_id, experiment_id, outcomes, champion, urls)
+    measured_s = []                  # how long each rung that applied took: the estimate of what remains
+    for name, opt in rungs[len(outcomes):]:
+        if stop.requested:
+            break
+        sweep.ui.rung_start(len(outcomes) + 1, len(rungs), name, measured_s, len(outcomes))
+        load = MachineLoad.sample()
+        began = time.monotonic()
+        outcome = climb(name, opt, champion, sweep, book, keys[name])
+        if outcome.verdict.status != "skipped":
+            measured_s.append(time.monotonic() - began)
+        outcomes.append(outcome)
+        if outcome.verdict.accepted:
+            champion = outcome
+        book.done(_ledger_entry(outcome), {"outcomes": {o.name: o for o in outcomes},
+                                           "reference": sweep.scorer.reference, "scores": sweep.scores})
+        tracking.mark_run(outcome.run_id, {review.DESCRIPTION: review.rung_description(outcome),
+                                           Tag.MACHINE_LOAD: f"at the rung's start: {load.text()}"},
+                          metrics=load.to_metrics())
+        sweep.ui.rung_done(outcome, top)
+    if stop.requested and len(outcomes) < len(rungs):
+        book.finish("interrupted")
+        tracking.set_tag(Tag.INTERRUPTED, f"stopped by Ctrl-C after {outcomes[-1].name if outcomes else 'no rung'}"
+                                            f"; running the same sweep again resumes it")
+        raise SweepInterrupted(f"stopped after {len(outcomes)} of {len(rungs)} rungs, each recorded; run the "
+                               f"same command again to resume from {rungs[len(outcomes)][0]}")
+    return champion
+
+
+def _record_end(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: Sweep, title: str) -> None:
+    """On the sweep's run: the champion, its capacity plan, the diagnosis, the table, the plots and the review."""
+    tracking.set_tags({Tag.CHAMPION_RUN: champion.run_id if champion else "",
+                       Tag.CHAMPION_RUNG: champion.name if champion else ""})
+    if champion and champion.capacity:
+        tracking.log_metrics(champion.capacity.to_metrics())
+        tracking.log_text(champion.capacity.to_markdown(), "capacity/plan.md")
+    diagnose_sweep(outcomes, champion, sweep)
+    tracking.log_text(markdown_table(outcomes, int(max(sweep.cfg.benchmark.concurrency))), "summary.md")
+    _log_review(outcomes, champion, sweep, title)
+
+
+def _result(sweep: Sweep, parent_id: str, view: str, outcomes: list[RungOutcome],
+            champion: RungOutcome | None) -> SweepResult:
+    """The sweep's saved ladder view in the UI, and where to look."""
+    save_ladder_view(tracking.client(), sweep.experiment_id, view, parent_id,
+                     kinds.kind_of(sweep.target.kind).key_metrics)
+    base = ui_base(sweep.cfg.tracking)
+    urls = (ladder_view_url(base, sweep.experiment_id, view), run_url(base, sweep.experiment_id, parent_id))
+    return SweepResult(parent_id, sweep.experiment_id, outcomes, champion, urls)
 
 
 def _log_review(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: Sweep, title: str) -> None:
