@@ -196,7 +196,7 @@ def test_the_rung_completes_both_sides_when_undecided_and_not_when_another_crite
 
     monkeypatch.setattr(rung.contender, "scored_more", scored_more)
     monkeypatch.setattr(rung.contender, "numerics_key", lambda cand: cand)
-    monkeypatch.setattr(rung, "_log_accuracy", lambda reports: None)
+    monkeypatch.setattr(rung.rung_log, "log_accuracy", lambda reports: None)
     champion = SimpleNamespace(candidate="eager", accuracy=[first(full["champion"], 400)])
     outcome = SimpleNamespace(candidate="int8", accuracy=[first(full["challenger"], 400)])
     sweep = SimpleNamespace(gate=gate(), ui=SimpleNamespace(stage=lambda what: _NullStage()),
@@ -242,7 +242,7 @@ def test_a_first_look_decision_stands_and_a_failed_accuracy_criterion_stops_the_
 
     monkeypatch.setattr(rung.contender, "scored_more", scored_more)
     monkeypatch.setattr(rung.contender, "numerics_key", lambda cand: cand)
-    monkeypatch.setattr(rung, "_log_accuracy", lambda reports: None)
+    monkeypatch.setattr(rung.rung_log, "log_accuracy", lambda reports: None)
 
     def sides(challenger_u):
         full["challenger", "u"] = challenger_u

@@ -8,7 +8,6 @@ import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
 from omegaconf import DictConfig
 
 from experiments.analyse import memory_fit
@@ -21,7 +20,7 @@ from experiments.core.reports import BenchmarkReport
 from experiments.judge.accuracy import AccuracyReport, mlflow_name
 from experiments.judge.gate import Criterion, Gate, Verdict
 from experiments.measure import interleaved, isolation, soak
-from experiments.record import benchmark_log, plots, tracking
+from experiments.record import benchmark_log, rung_log, tracking
 from experiments.record.console import SweepConsole, quiet_libraries
 from experiments.record.ledger import Ledger
 from experiments.record.outcome import RungOutcome
@@ -142,7 +141,7 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
         tracking.set_tag(Tag.MEASUREMENT, contender.WHAT_WAS_DONE)
         measured = _measure(cand, sweep, name, apart)
         outcome.bench, outcome.accuracy, outcome.fidelity = measured.bench, measured.accuracy, measured.fidelity
-        _log_measurements(outcome)
+        rung_log.log_measurements(outcome)
         outcome.capacity = _capacity_plan(outcome.bench, cfg.capacity)
         if champion is None:
             outcome.verdict = Verdict("accepted", "baseline: the first champion, measured as is")
@@ -160,7 +159,7 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
             criteria += drift
             criteria += _soak(cand, outcome.bench, criteria, sweep, name, run_id, apart)
             outcome.verdict = Verdict.from_criteria(criteria)
-            _log_criteria(outcome.verdict.criteria)
+            rung_log.log_criteria(outcome.verdict.criteria)
     except ConfigError:
         raise
     except Exception as exc:  # a rung that breaks is a verdict, not the end of the sweep
@@ -215,10 +214,10 @@ def _performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate,
     consistency = gate.consistency(rounds, champion.bench, bench)
     if not consistency.passed:
         tracking.set_tag(Tag.GATE_FIRST_MEASUREMENT, f"inconsistent, measured again: {consistency.detail}"[:5000])
-        _log_rounds(rounds, cfg.gate.objective, "gate/first_interleaved_rounds.csv", "gate/first_round_ratio")
+        rung_log.log_rounds(rounds, cfg.gate.objective, "gate/first_interleaved_rounds.csv", "gate/first_round_ratio")
         rounds = _rounds(champion.candidate, cand, sweep, name, apart, c, 2)
         consistency = gate.consistency(rounds, champion.bench, bench)
-    _log_rounds(rounds, cfg.gate.objective, "gate/interleaved_rounds.csv", "gate/round_ratio")
+    rung_log.log_rounds(rounds, cfg.gate.objective, "gate/interleaved_rounds.csv", "gate/round_ratio")
     tracking.set_tag(Tag.GATE_INTERLEAVED,
                      contender.ROUNDS_DONE[bool(rounds_cfg.get("fresh_build_per_run", False))])
     return [gate.interleaved(rounds), consistency]
@@ -253,13 +252,6 @@ def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart
                                        rounds_cfg.get("budget_s"))
 
 
-def _log_rounds(rounds: interleaved.Rounds, obj, csv_path: str, metric: str) -> None:
-    tracking.log_text(rounds.to_csv(obj.metric, obj.stat), csv_path)
-    for r, ratio in enumerate(rounds.ratios("challenger", "champion", obj.metric, obj.stat)):
-        if np.isfinite(ratio):
-            tracking.log_metric(metric, float(ratio), step=r)
-
-
 def _soak(cand, bench, criteria, sweep: Sweep, name: str, run_id: str, apart: contender.Apart) -> list[Criterion]:
     if _soak_skipped(criteria, sweep.cfg):
         return soak_criterion(None, bench, criteria, sweep, name)      # tags why; builds nothing
@@ -290,7 +282,7 @@ def _accuracy(champion: RungOutcome, outcome: RungOutcome, sweep: Sweep, name: s
         return [replace(c, detail=f"{c.detail}; the other documents were not scored: {why}")
                 if c.undecided else c for c in criteria]
     outcome.accuracy = _completed(outcome, sweep, name, "challenger", apart)
-    _log_accuracy(outcome.accuracy)
+    rung_log.log_accuracy(outcome.accuracy)
     champion.accuracy = _completed(champion, sweep, name, "champion", apart)
     last = _accuracy_criteria(sweep.gate, champion.accuracy, outcome.accuracy)
     return [new if old.undecided else old for old, new in zip(criteria, last)]
@@ -354,40 +346,12 @@ def _soak_skipped(criteria: list[Criterion], cfg) -> str | None:
     return None if cfg.soak.enabled else "soak.enabled=false"
 
 
-def _log_measurements(outcome: RungOutcome) -> None:
-    tracking.log_series(benchmark_log.metric_series(outcome.bench))
-    tracking.log_figure(plots.latency_percentiles(outcome.bench), "benchmark/latency_percentiles.png")
-    tracking.log_figure(plots.throughput_vs_latency(outcome.bench), "benchmark/throughput_vs_latency.png")
-    tracking.log_text(benchmark_log.samples_csv(outcome.bench), "benchmark/samples.csv")
-    tracking.set_tags({f"validity.{k}": str(v) for k, v in outcome.bench.validity().items()})
-    if outcome.fidelity is not None:
-        tracking.log_metrics(outcome.fidelity.to_metrics())
-    _log_accuracy(outcome.accuracy)
-
-
-def _log_accuracy(reports: list[AccuracyReport]) -> None:
-    shared = len({a.task for a in reports}) < len(reports)   # recall@1 and @5 of one task
-    for acc in reports:
-        tracking.log_metrics(acc.to_metrics())
-        folder = f"accuracy/{acc.task}/{mlflow_name(acc.metric)}" if shared else f"accuracy/{acc.task}"
-        tracking.write_json(acc.results, f"{folder}/results.json")
-
-
 def _capacity_plan(bench, cfg_capacity):
-    """The plan this rung's measurements imply; logged on its run so the UI compares what each rung saves."""
+    """The plan this rung's measurements imply, or None where no level met the tier (said, not invented)."""
     try:
         result = plan(bench, cfg_capacity)
-    except ValueError as exc:  # no level met the tier: say so instead of inventing a number
-        tracking.set_tag(Tag.CAPACITY, f"no plan: {exc}")
+    except ValueError as exc:
+        rung_log.log_capacity(None, cfg_capacity, str(exc))
         return None
-    tracking.log_metrics(result.to_metrics())
-    tracking.log_text(result.to_markdown(), "capacity/plan.md")
-    tracking.set_tag(Tag.CAPACITY, f"{result.replicas} replicas for {cfg_capacity.peak_qps} QPS "
-                                   f"({result.tier}), {result.cost_per_hour:.2f}/h")
+    rung_log.log_capacity(result, cfg_capacity)
     return result
-
-
-def _log_criteria(criteria: tuple[Criterion, ...]) -> None:
-    for c in criteria:
-        tracking.log_metrics({f"gate/{c.name}/{k}": v for k, v in c.numbers.items()})
-        tracking.set_tag(f"{Tag.GATE}{c.name}", f"{'pass' if c.passed else 'FAIL'}: {c.detail}"[:5000])

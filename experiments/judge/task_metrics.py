@@ -66,8 +66,8 @@ def gated_metrics(tasks: list[str], index: dict, chosen: str | None) -> list[Gat
                 why = "does not produce" if chosen not in dict(metrics) else "does not average per document"
                 raise ConfigError(f"gate.accuracy.metric={chosen} but lm-eval task {task!r} {why} it (its metrics: "
                                   f"{has}; per document: {', '.join(usable) or 'none'})",
-                                  f"set gate.accuracy.metric to one of the task's per-document metrics, or to null "
-                                  f"for each task's first")
+                                  "set gate.accuracy.metric to one of the task's per-document metrics, or to null "
+                                  "for each task's first")
             out.append(GatedMetric(task, chosen, CHOSEN))
         elif not usable:
             raise ConfigError(f"lm-eval task {task!r} has no per-document metric the gate can pair (its metrics: "

@@ -1,0 +1,55 @@
+"""What a rung's run records: its measurements (series, plots, samples, validity), fidelity and accuracy,
+the gate's rounds and criteria, and its capacity plan."""
+from __future__ import annotations
+
+import numpy as np
+
+from experiments.core.names import Tag
+from experiments.judge.accuracy import AccuracyReport, mlflow_name
+from experiments.judge.gate import Criterion
+from experiments.measure import interleaved
+from experiments.record import benchmark_log, plots, tracking
+from experiments.record.outcome import RungOutcome
+
+
+def log_measurements(outcome: RungOutcome) -> None:
+    tracking.log_series(benchmark_log.metric_series(outcome.bench))
+    tracking.log_figure(plots.latency_percentiles(outcome.bench), "benchmark/latency_percentiles.png")
+    tracking.log_figure(plots.throughput_vs_latency(outcome.bench), "benchmark/throughput_vs_latency.png")
+    tracking.log_text(benchmark_log.samples_csv(outcome.bench), "benchmark/samples.csv")
+    tracking.set_tags({f"validity.{k}": str(v) for k, v in outcome.bench.validity().items()})
+    if outcome.fidelity is not None:
+        tracking.log_metrics(outcome.fidelity.to_metrics())
+    log_accuracy(outcome.accuracy)
+
+
+def log_accuracy(reports: list[AccuracyReport]) -> None:
+    shared = len({a.task for a in reports}) < len(reports)   # recall@1 and @5 of one task
+    for acc in reports:
+        tracking.log_metrics(acc.to_metrics())
+        folder = f"accuracy/{acc.task}/{mlflow_name(acc.metric)}" if shared else f"accuracy/{acc.task}"
+        tracking.write_json(acc.results, f"{folder}/results.json")
+
+
+def log_rounds(rounds: interleaved.Rounds, obj, csv_path: str, metric: str) -> None:
+    tracking.log_text(rounds.to_csv(obj.metric, obj.stat), csv_path)
+    for r, ratio in enumerate(rounds.ratios("challenger", "champion", obj.metric, obj.stat)):
+        if np.isfinite(ratio):
+            tracking.log_metric(metric, float(ratio), step=r)
+
+
+def log_criteria(criteria: tuple[Criterion, ...]) -> None:
+    for c in criteria:
+        tracking.log_metrics({f"gate/{c.name}/{k}": v for k, v in c.numbers.items()})
+        tracking.set_tag(f"{Tag.GATE}{c.name}", f"{'pass' if c.passed else 'FAIL'}: {c.detail}"[:5000])
+
+
+def log_capacity(result, cfg_capacity, no_plan: str | None = None) -> None:
+    """The plan a rung's measurements imply, on its run, so the UI compares what each rung saves."""
+    if result is None:
+        tracking.set_tag(Tag.CAPACITY, f"no plan: {no_plan}")
+        return
+    tracking.log_metrics(result.to_metrics())
+    tracking.log_text(result.to_markdown(), "capacity/plan.md")
+    tracking.set_tag(Tag.CAPACITY, f"{result.replicas} replicas for {cfg_capacity.peak_qps} QPS "
+                                   f"({result.tier}), {result.cost_per_hour:.2f}/h")
