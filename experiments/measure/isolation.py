@@ -31,8 +31,10 @@ from experiments.core.secrets import ScrubbedStream, guard_console
 from experiments.core.settings import check_section
 
 # Imported once by the fork server, so a child starts in a fraction of a second instead of ~8 s.
-PRELOAD = ["experiments.measure.rung_process", "experiments.climb.ladder", "experiments.judge.accuracy", "experiments.record.plots", "experiments.serving.backends.pytorch.causal_lm",
-           "experiments.serving.backends.onnxruntime.causal_lm", "experiments.serving.backends.onnxruntime.encoder", "lm_eval.evaluator", "matplotlib.pyplot"]
+PRELOAD = ["experiments.measure.rung_process", "experiments.climb.ladder", "experiments.judge.accuracy",
+           "experiments.record.plots", "experiments.serving.backends.pytorch.causal_lm",
+           "experiments.serving.backends.pytorch.encoder", "experiments.serving.backends.onnxruntime.causal_lm",
+           "experiments.serving.backends.onnxruntime.encoder", "lm_eval.evaluator", "matplotlib.pyplot"]
 SIGNAL_MEANING = {signal.SIGSEGV: "segmentation fault", signal.SIGBUS: "bus error", signal.SIGABRT: "aborted",
                   signal.SIGKILL: "killed: by the kernel's out-of-memory killer or another process",
                   signal.SIGILL: "illegal instruction", signal.SIGFPE: "arithmetic fault"}
