@@ -4,7 +4,7 @@ from omegaconf import OmegaConf
 
 from experiments.core.recipe import Candidate, Env
 from experiments.core.request import Prompt
-from experiments.measure.benchmark import run_benchmark
+from experiments.measure.load_ladder import run_benchmark
 from experiments.serving import build_engine
 from experiments.serving.batching import BatchingServer
 from experiments.serving.servers import SequentialServer, serve

@@ -5,7 +5,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments.core.request import Prompt
-from experiments.measure.benchmark import run_benchmark
+from experiments.measure.load_ladder import run_benchmark
 from experiments.record import benchmark_log
 from experiments.serving.engine import Engine
 from experiments.targets.workload import Workload

@@ -9,7 +9,7 @@ from experiments.analyse.diagnose import default_rules, diagnose, resource_layer
 from experiments.analyse.profiling import ort_ops, profile_decode
 from experiments.analyse.roofline import Hardware, ModelShape, Roofline
 from experiments.core.reports import ResourceSeries
-from experiments.measure.benchmark import run_benchmark
+from experiments.measure.load_ladder import run_benchmark
 
 RULES = default_rules()
 TINY = ModelShape(layers=4, hidden=192, intermediate=512, heads=3, kv_heads=3, head_dim=64, vocab=2048,

@@ -11,7 +11,7 @@ from experiments.climb.validation import load_rungs
 from experiments.core.errors import ConfigError
 from experiments.core.recipe import Candidate, Env, Recipe, Target
 from experiments.judge.embedding_eval import BaselineEmbeddings, judge_cosine
-from experiments.measure.benchmark import run_benchmark
+from experiments.measure.load_ladder import run_benchmark
 from experiments.record import benchmark_log
 from experiments.serving import build_engine
 from experiments.targets.models.minilm import RetrievalSet, model_dir

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from experiments.core.errors import ConfigError
 from experiments.core.request import Prompt
-from experiments.measure.benchmark import run_ladder
+from experiments.measure.load_ladder import run_ladder
 from experiments.record import benchmark_log
 from experiments.serving.http_client import EndpointServer
 from experiments.serving.http_server import FAILURE_POLL_S, BackgroundServer, bind, create_app, exposure_warning

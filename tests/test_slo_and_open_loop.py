@@ -11,7 +11,7 @@ from experiments.core.names import Metric
 from experiments.core.reports import LevelReport
 from experiments.core.request import Prompt, RequestRecord
 from experiments.core.slo import SLO, request_meets, sla_capacity
-from experiments.measure.benchmark import run_benchmark
+from experiments.measure.load_ladder import run_benchmark
 from experiments.record import benchmark_log
 
 

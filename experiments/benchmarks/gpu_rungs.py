@@ -26,7 +26,7 @@ from experiments.benchmarks.common import default_setup
 from experiments.core.names import Metric
 from experiments.core.recipe import Env
 from experiments.judge.fidelity import BaselineLogprobs, fixed_sequences
-from experiments.measure.benchmark import run_benchmark
+from experiments.measure.load_ladder import run_benchmark
 from experiments.record.console import quiet_libraries
 from experiments.serving import build_engine
 from optimizers.baseline import EagerBaseline

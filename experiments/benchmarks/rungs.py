@@ -7,7 +7,7 @@ from rich.table import Table
 
 from experiments.benchmarks.common import default_setup
 from experiments.core.names import Metric
-from experiments.measure.benchmark import run_benchmark
+from experiments.measure.load_ladder import run_benchmark
 from experiments.record.console import quiet_libraries
 from experiments.serving import build_engine
 

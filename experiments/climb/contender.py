@@ -22,8 +22,8 @@ from experiments.core.recipe import Candidate
 from experiments.core.reports import BenchmarkReport, LevelReport
 from experiments.judge.accuracy import AccuracyReport
 from experiments.measure import isolation
-from experiments.measure.benchmark import run_benchmark
 from experiments.measure.load import run_level
+from experiments.measure.load_ladder import run_benchmark
 from experiments.record import tracking
 from experiments.record.console import SweepConsole, quiet_libraries
 from experiments.serving import build_engine

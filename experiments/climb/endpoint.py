@@ -13,8 +13,8 @@ from experiments.core.names import Tag
 from experiments.core.recipe import Candidate, Env
 from experiments.core.reports import BenchmarkReport
 from experiments.core.settings import check_settings
-from experiments.measure.benchmark import run_ladder
 from experiments.measure.load import check_load
+from experiments.measure.load_ladder import run_ladder
 from experiments.record import benchmark_log, tracking
 from experiments.serving import build_engine
 from experiments.serving.http_client import EndpointServer, check_url
