@@ -27,6 +27,7 @@ import os
 os.environ.setdefault("TQDM_DISABLE", "1")   # tqdm reads it on import (lm-eval's, below): a bar per evaluation
 
 import argparse
+import json
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -122,6 +123,9 @@ def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, co
     fresh = bool(cfg.gate.interleaved.get("fresh_build_per_run", False))
     looks = gate.round_looks()
     every_decided = lambda r: all(gate.rounds_decided(r, *pair) for pair in PAIRS.values())  # noqa: E731
+    ratios_file = apart.logs / f"ratios-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    ratios_file.parent.mkdir(parents=True, exist_ok=True)
+    console.print(f"  each round's ratios: {ratios_file}")
     for i in range(n):
         with contender.round_runs(builds, fresh, workload, load, concurrency, cfg.gate.confidence, apart,
                                   i) as runs, OtherLoad() as load_meter:
@@ -129,6 +133,11 @@ def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, co
                                          decided=every_decided)
         single = {k: BenchmarkReport((levels[0],)) for k, levels in rounds.runs.items()}
         judged = {name: gate.looked(rounds, *pair) for name, pair in PAIRS.items()}
+        with ratios_file.open("a") as f:   # every round's ratio: another stopping rule can be judged on them later
+            obj = cfg.gate.objective
+            f.write(json.dumps({"trial": i, "others": load_meter.share, "ratios": {
+                name: [float(r) for r in rounds.ratios(*pair, obj.metric, obj.stat)] for name, pair in PAIRS.items()}})
+                    + "\n")
         trials.append(Trial(same=judged["same"][0], slowed=judged["slowed"][0], disturbing=judged["disturbing"][0],
                             gain=judged["gain"][0], used={name: used for name, (_, used) in judged.items()},
                             same_single=gate.performance(single["champion"], single["same"]),
