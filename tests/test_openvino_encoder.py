@@ -13,7 +13,7 @@ from optimizers.quantization import WeightQuantization
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 from experiments.serving.backends.openvino.encoder import OpenVinoEncoder  # noqa: E402
-from experiments.serving.encoder_engine import TorchEncoder  # noqa: E402
+from experiments.serving.backends.pytorch.encoder import TorchEncoder  # noqa: E402
 
 SENTENCES = ["A man is playing a guitar on the stage.",
              "The new movie is awesome and everyone should see it.",
