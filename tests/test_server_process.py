@@ -16,6 +16,7 @@ from experiments.serving import server_process
 from experiments.serving.server_process import ServerFailed, ServerProcess
 
 FAKE = str(Path(__file__).with_name("fake_server.py"))
+pytestmark = pytest.mark.timeout(30)     # a stop() that never ends the group would hang, not fail
 
 
 def fake(tmp_path, *flags, **kwargs) -> ServerProcess:
@@ -57,7 +58,7 @@ def test_a_healthy_start_is_timed_and_logged(tmp_path):
         server.start(timeout_s=10)
         assert 0.8 <= server.startup_s < 5
         assert answers(server.url + "/v1/models") == 200 and server.alive() and server.died() is None
-        assert server.pid != os.getpid() and os.getpgid(server.pid) == server.pid   # a group of its own
+        assert os.getsid(server.pid) == os.getpgid(server.pid) == server.pid       # a session of its own
         log = (tmp_path / "server.log").read_text()
         assert f"fake server starting on port {server.port}" in log and "loading the fake weights" in log
 

@@ -67,7 +67,7 @@ class ServerProcess:
             raise ConfigError(f"the server command {command[:3]} ... has no {{port}} placeholder",
                               "pass its port as, e.g., --port {port}: the server must listen where it is polled")
         if not health_path.startswith("/"):
-            raise ConfigError(f"health path {health_path!r} does not start with '/'", "e.g. /health or /v1/models")
+            raise ConfigError(f"health path {health_path!r} does not start with '/'", "give it as /health or /v1/models, say")
         self.port = port if port is not None else _free_port()
         self.command = [arg.replace("{port}", str(self.port)) for arg in command]   # not format(): JSON args
         self.log_path, self.grace_s = Path(log_path), grace_s
@@ -120,8 +120,8 @@ class ServerProcess:
 
     def pause(self) -> None:
         """SIGSTOP to the whole group; returns once its processes have stopped, so none of it runs meanwhile."""
-        self._signal(signal.SIGSTOP)
-        self._wait_until(lambda states: all(s in DONE_OR_STOPPED for s in states), SETTLE_S)
+        if self._signal(signal.SIGSTOP):
+            self._wait_until(lambda states: all(s in DONE_OR_STOPPED for s in states), SETTLE_S)
 
     def resume(self) -> None:
         self._signal(signal.SIGCONT)
@@ -171,16 +171,19 @@ class ServerProcess:
             return None
         return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
-    def _signal(self, sig: int) -> None:
-        if self._proc is not None and not self._stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._proc.pid, sig)
+    def _signal(self, sig: int) -> bool:
+        """Whether the group was there to be sent `sig`: started, not yet stopped."""
+        if self._proc is None or self._stopped:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, sig)
+        return True
 
     def _wait_until(self, done, seconds: float) -> None:
         """Until done(the statuses of the group's processes) is true, for at most `seconds`."""
         deadline = time.monotonic() + seconds
         while not done(_statuses(self._proc.pid)) and time.monotonic() < deadline:
-            time.sleep(0.02)
+            time.sleep(0.05)
 
 
 def _statuses(pgid: int) -> list[str]:
