@@ -1,5 +1,6 @@
 """experiments/serving/server_process.py against tests/fake_server.py: start-up timed and its failures named, the
 whole process group paused, resumed and ended, nothing left behind."""
+import contextlib
 import os
 import signal
 import socket
@@ -34,6 +35,17 @@ def group(pgid: int) -> list[psutil.Process]:
         except (ProcessLookupError, psutil.Error):
             pass
     return found
+
+
+def group_ended(pgid: int) -> bool:
+    """Right after stop(): nothing of the group runs and the server itself is reaped. Its orphans' zombies are
+    init's to reap (this machine's took up to 2 s), so the group is then waited for to be empty."""
+    statuses = {}
+    for proc in group(pgid):
+        with contextlib.suppress(psutil.Error):
+            statuses[proc.pid] = proc.status()
+    return (pgid not in statuses and set(statuses.values()) <= {psutil.STATUS_ZOMBIE}
+            and wait_for(lambda: group(pgid) == []))
 
 
 def answers(url: str, timeout_s: float = 2.0) -> int | None:
@@ -84,7 +96,7 @@ def test_a_server_never_healthy_fails_at_the_timeout_with_its_last_lines(tmp_pat
     message = str(failed.value)
     assert "within 1.5 s" in message and server.health_url in message
     assert "loading the fake weights" in message and "spawned worker" in message
-    assert group(server.pid) == [] and not server.alive()
+    assert group_ended(server.pid) and not server.alive()
 
 
 def test_a_port_in_use_is_refused_before_starting(tmp_path):
@@ -119,7 +131,7 @@ def test_stop_ends_the_whole_group_and_leaves_no_zombie(tmp_path):
     pgid = server.pid
     assert wait_for(lambda: len(group(pgid)) == 2)         # the server and its worker
     server.stop()
-    assert group(pgid) == []                               # the worker too, and neither left as a zombie
+    assert group_ended(pgid)                               # the worker too, and the server left no zombie
     assert server.died().code == -signal.SIGTERM
     server.stop()                                          # again: nothing to do, nothing raised
 
@@ -131,7 +143,7 @@ def test_a_server_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
     began = time.monotonic()
     server.stop()
     assert time.monotonic() - began >= 0.5
-    assert group(pgid) == [] and server.died().code == -signal.SIGKILL
+    assert group_ended(pgid) and server.died().code == -signal.SIGKILL
 
 
 def test_an_exception_in_the_with_block_ends_the_group(tmp_path):
@@ -141,7 +153,7 @@ def test_an_exception_in_the_with_block_ends_the_group(tmp_path):
             pgid = server.pid
             assert wait_for(lambda: len(group(pgid)) == 2)
             raise RuntimeError("measurement failed")
-    assert group(pgid) == []
+    assert group_ended(pgid)
 
 
 def test_pause_stops_the_whole_group_and_resume_serves_again(tmp_path):
@@ -157,13 +169,13 @@ def test_pause_stops_the_whole_group_and_resume_serves_again(tmp_path):
 
 
 def test_stop_ends_a_paused_group(tmp_path):
-    server = fake(tmp_path, "--spawn-child").start(timeout_s=10)
+    server = fake(tmp_path, "--spawn-child", grace_s=5).start(timeout_s=10)
     pgid = server.pid
     assert wait_for(lambda: len(group(pgid)) == 2)
     server.pause()
     began = time.monotonic()
     server.stop()
-    assert group(pgid) == [] and time.monotonic() - began < 1.5     # by SIGTERM, not at the 2 s grace's end
+    assert time.monotonic() - began < 3 and group_ended(pgid)   # by SIGTERM, not at the 5 s grace's end
 
 
 def test_died_reports_a_crash_during_a_measurement(tmp_path):
@@ -176,7 +188,7 @@ def test_died_reports_a_crash_during_a_measurement(tmp_path):
         assert "exited with code 7" in ended.describe() and not server.alive()
         # not reaped before stop(): its zombie keeps the group's id from naming anyone else's group
         assert psutil.Process(server.pid).status() == psutil.STATUS_ZOMBIE
-    assert group(server.pid) == []
+    assert group_ended(server.pid)
 
 
 def test_ctrl_c_during_start_up_ends_the_group(tmp_path, monkeypatch):
@@ -192,4 +204,4 @@ def test_ctrl_c_during_start_up_ends_the_group(tmp_path, monkeypatch):
     server = fake(tmp_path, "--never-healthy", "--spawn-child")
     with pytest.raises(KeyboardInterrupt):
         server.start(timeout_s=10)
-    assert seen["pgid"] == server.pid and group(server.pid) == []
+    assert seen["pgid"] == server.pid and group_ended(server.pid)

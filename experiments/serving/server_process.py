@@ -34,8 +34,7 @@ POLL_S = 0.2
 PROBE_TIMEOUT_S = 2.0
 SETTLE_S = 5.0           # how long the group may take to act on SIGSTOP or SIGKILL
 LOG_TAIL_LINES = 20
-DONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-DONE_OR_STOPPED = (*DONE, psutil.STATUS_STOPPED)
+EXITED = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 # A proxy from the environment (http_proxy) must not stand in for the server on 127.0.0.1.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -67,7 +66,8 @@ class ServerProcess:
             raise ConfigError(f"the server command {command[:3]} ... has no {{port}} placeholder",
                               "pass its port as, e.g., --port {port}: the server must listen where it is polled")
         if not health_path.startswith("/"):
-            raise ConfigError(f"health path {health_path!r} does not start with '/'", "give it as /health or /v1/models, say")
+            raise ConfigError(f"health path {health_path!r} does not start with '/'",
+                              "give it as /health or /v1/models, say")
         self.port = port if port is not None else _free_port()
         self.command = [arg.replace("{port}", str(self.port)) for arg in command]   # not format(): JSON args
         self.log_path, self.grace_s = Path(log_path), grace_s
@@ -121,24 +121,26 @@ class ServerProcess:
     def pause(self) -> None:
         """SIGSTOP to the whole group; returns once its processes have stopped, so none of it runs meanwhile."""
         if self._signal(signal.SIGSTOP):
-            self._wait_until(lambda states: all(s in DONE_OR_STOPPED for s in states), SETTLE_S)
+            self._wait_for_group((*EXITED, psutil.STATUS_STOPPED), SETTLE_S)
 
     def resume(self) -> None:
         self._signal(signal.SIGCONT)
 
     def stop(self) -> None:
-        """End the whole process group: SIGTERM, then SIGKILL to whatever is left after grace_s; wait until it is
-        gone, so no zombie remains. Idempotent."""
+        """End the whole process group: SIGTERM, then SIGKILL to whatever is left after grace_s; return once every
+        process of it has exited (its memory freed) and the server is reaped. Idempotent."""
         if self._proc is None or self._stopped:
             return
         self._signal(signal.SIGTERM)
         self._signal(signal.SIGCONT)   # a paused process acts on SIGTERM only once it runs again
-        self._wait_until(lambda states: all(s in DONE for s in states), self.grace_s)
+        self._wait_for_group(EXITED, self.grace_s)
         self._signal(signal.SIGKILL)   # whatever outlived the grace period: a server deaf to SIGTERM, orphans
+        self._wait_for_group(EXITED, SETTLE_S)
+        # Reaped last, so every signal above went to our group. Orphans' zombies are init's to reap (this
+        # machine's init took up to 2 s): they hold no memory, so they are not waited for.
         self._proc.wait()
         self._stopped = True
         atexit.unregister(self.stop)
-        self._wait_until(lambda states: not states, SETTLE_S)   # the orphans' zombies, reaped by init
 
     def __enter__(self) -> "ServerProcess":
         return self
@@ -179,10 +181,10 @@ class ServerProcess:
             os.killpg(self._proc.pid, sig)
         return True
 
-    def _wait_until(self, done, seconds: float) -> None:
-        """Until done(the statuses of the group's processes) is true, for at most `seconds`."""
+    def _wait_for_group(self, statuses: tuple[str, ...], seconds: float) -> None:
+        """Until every process of the group has one of these statuses, for at most `seconds`."""
         deadline = time.monotonic() + seconds
-        while not done(_statuses(self._proc.pid)) and time.monotonic() < deadline:
+        while any(s not in statuses for s in _statuses(self._proc.pid)) and time.monotonic() < deadline:
             time.sleep(0.05)
 
 
