@@ -50,9 +50,14 @@ def test_the_sweeps_own_processes_are_not_other_work():
         time.sleep(1.5)
         # under make test's two workers, the other worker's tests are this session's work, not other work
         session = psutil.Process(os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid())
-        load = MachineLoad.sample(1.0, root=session)
+        # up to three looks while the burners run: one quiet second suffices, as a real burst of other work
+        # (another worker's orphan, the host) can fill one; counting our own burners would fill all three
+        samples = []
+        while len(samples) < 3 and (not samples or samples[-1].busy):
+            samples.append(MachineLoad.sample(1.0, root=session))
     finally:
         for b in burners:
             b.terminate()
             b.join()
-    assert not load.busy and load.busy_cores < 0.25 * cores, load
+    load = min(samples, key=lambda s: s.busy_cores)
+    assert not load.busy and load.busy_cores < 0.25 * cores, samples
