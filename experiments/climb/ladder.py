@@ -1,6 +1,6 @@
 """The ladder: champion vs challenger, rung by rung in ROI order; a rejected rung is reverted. Validation
-(experiments/climb/validation.py) comes first, each rung is climbed by experiments/climb/rung.py, the diagnosis and plots
-come after (experiments/climb/sweep_report.py)."""
+(experiments/climb/validation.py) comes first, each rung is climbed by experiments/climb/rung.py, the diagnosis
+and plots come after (experiments/climb/sweep_report.py)."""
 from __future__ import annotations
 
 import os
@@ -50,8 +50,8 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         book.begin(parent.info.run_id, sweep_id, resume.kept if resume else [])   # before anything else is logged
         _record_start(resume, why, sweep, outcomes, top)
         _tag_start(load, not_applicable, sweep.scorer)
-        champion = _climb_rungs(rungs, outcomes, sweep, book, keys, stop)
-        _record_end(outcomes, champion, sweep, f"ROI ladder: {sweep.target.name}, sweep {sweep_id}")
+        champion = _climb_rungs(rungs, outcomes, sweep, book, keys, stop, top)
+        _record_end(outcomes, champion, sweep, f"ROI ladder: {sweep.target.name}, sweep {sweep_id}", top)
     book.finish("finished")     # after the parent run ended: a kill before this redoes only the closing steps
     return _result(sweep, parent.info.run_id, f"sweep-{sweep_id}", outcomes, champion)
 
@@ -112,10 +112,9 @@ def _tag_start(load: MachineLoad, not_applicable: list, scorer) -> None:
 
 
 def _climb_rungs(rungs: list, outcomes: list[RungOutcome], sweep: Sweep, book: Ledger, keys: dict,
-                 stop: GracefulStop) -> RungOutcome | None:
+                 stop: GracefulStop, top: int) -> RungOutcome | None:
     """The rungs not yet climbed, in order, each against the champion so far; the champion at the end. A first
     Ctrl-C lets the running rung finish, then the sweep stops, resumable."""
-    top = int(max(sweep.cfg.benchmark.concurrency))
     champion = next((o for o in reversed(outcomes) if o.verdict.accepted), None)
     measured_s = []                  # how long each rung that applied took: the estimate of what remains
     for name, opt in rungs[len(outcomes):]:
@@ -145,7 +144,8 @@ def _climb_rungs(rungs: list, outcomes: list[RungOutcome], sweep: Sweep, book: L
     return champion
 
 
-def _record_end(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: Sweep, title: str) -> None:
+def _record_end(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: Sweep, title: str,
+                top: int) -> None:
     """On the sweep's run: the champion, its capacity plan, the diagnosis, the table, the plots and the review."""
     tracking.set_tags({Tag.CHAMPION_RUN: champion.run_id if champion else "",
                        Tag.CHAMPION_RUNG: champion.name if champion else ""})
@@ -153,8 +153,8 @@ def _record_end(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep
         tracking.log_metrics(champion.capacity.to_metrics())
         tracking.log_text(champion.capacity.to_markdown(), "capacity/plan.md")
     diagnose_sweep(outcomes, champion, sweep)
-    tracking.log_text(markdown_table(outcomes, int(max(sweep.cfg.benchmark.concurrency))), "summary.md")
-    _log_review(outcomes, champion, sweep, title)
+    tracking.log_text(markdown_table(outcomes, top), "summary.md")
+    _log_review(outcomes, champion, sweep, title, top)
 
 
 def _result(sweep: Sweep, parent_id: str, view: str, outcomes: list[RungOutcome],
@@ -167,9 +167,9 @@ def _result(sweep: Sweep, parent_id: str, view: str, outcomes: list[RungOutcome]
     return SweepResult(parent_id, sweep.experiment_id, outcomes, champion, urls)
 
 
-def _log_review(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: Sweep, title: str) -> None:
+def _log_review(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: Sweep, title: str,
+                top: int) -> None:
     """The plots, the HTML report and the sweep's description: what a reviewer opens first in the UI."""
-    top = int(max(sweep.cfg.benchmark.concurrency))
     figures = sweep_figures(outcomes, champion, sweep.cfg)
     for path, fig in figures.items():
         tracking.log_figure(fig, path)
