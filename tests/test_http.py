@@ -253,7 +253,7 @@ class Broken(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers["Content-Length"]))
         chunk = 'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
         streams = {"bad_json": chunk + "data: {oops\n\n", "no_choices": chunk + 'data: {"id":"x"}\n\n',
-                   "no_done": chunk * 3, "no_tokens": "data: [DONE]\n\n",
+                   "no_done": chunk * 3, "no_tokens": "data: [DONE]\n\n", "short": chunk + "data: [DONE]\n\n",
                    "engine_error": chunk + 'data: {"error":{"message":"out of memory"}}\n\n'}
         if self.mode == "http500":
             self._send(500, "text/plain", b"internal error: the model crashed")
@@ -288,6 +288,7 @@ def broken():
     ("json_not_sse", "malformed SSE: the endpoint answered application/json"),
     ("engine_error", "endpoint error: out of memory"),
     ("no_tokens", "endpoint error: the stream ended with no tokens"),
+    ("short", "endpoint error: the stream ended after 1 of the"),   # a cut stream is no fast success
 ])
 def test_a_broken_endpoint_counts_errors_instead_of_crashing(broken, mode, says, monkeypatch):
     monkeypatch.setattr(Broken, "mode", mode)

@@ -70,7 +70,8 @@ def test_a_healthy_start_is_timed_and_logged(tmp_path):
         server.start(timeout_s=10)
         assert 0.8 <= server.startup_s < 5
         assert answers(server.url + "/v1/models") == 200 and server.alive() and server.died() is None
-        assert os.getsid(server.pid) == os.getpgid(server.pid) == server.pid       # a session of its own
+        assert os.getpgid(server.pid) == server.pid != os.getpgid(0)        # a process group of its own ...
+        assert os.getsid(server.pid) == os.getsid(0)                        # ... in our session (see below)
         log = (tmp_path / "server.log").read_text()
         assert f"fake server starting on port {server.port}" in log and "loading the fake weights" in log
 
@@ -205,3 +206,36 @@ def test_ctrl_c_during_start_up_ends_the_group(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         server.start(timeout_s=10)
     assert seen["pgid"] == server.pid and group_ended(server.pid)
+
+
+STARTER = """
+import sys, time
+from pathlib import Path
+from experiments.serving.server_process import ServerProcess
+server = ServerProcess([sys.executable, {fake!r}, "--port", "{{port}}"], Path({log!r}))
+server.start(timeout_s=10)
+if {paused}:
+    server.pause()
+print(server.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("paused", [True, False])
+def test_a_server_whose_starter_is_killed_does_not_live_on(tmp_path, paused):
+    """SIGKILL leaves no atexit to run. Paused: the kernel ends a stopped group orphaned by its parent's death
+    (SIGHUP, SIGCONT), which it does because the group is in our session. Running: a measuring child ends its
+    servers when it sees the sweep die (isolation, server_process.kill_all); here the starter does it at exit."""
+    import subprocess
+
+    code = STARTER.format(fake=FAKE, log=str(tmp_path / "server.log"), paused=paused)
+    if not paused:
+        code = code.replace("print(server.pid", "import signal; signal.signal(signal.SIGTERM, lambda *a: "
+                                                "(__import__('experiments.serving.server_process', fromlist=['x'])"
+                                                ".kill_all(), sys.exit(1)))\nprint(server.pid")
+    starter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pgid = int(starter.stdout.readline())
+    assert group(pgid)
+    starter.send_signal(signal.SIGKILL if paused else signal.SIGTERM)
+    starter.wait()
+    assert wait_for(lambda: group(pgid) == [], 10)      # ended, and reaped by init

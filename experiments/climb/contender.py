@@ -27,6 +27,7 @@ from experiments.measure.load_ladder import run_benchmark
 from experiments.record import tracking
 from experiments.record.console import SweepConsole, quiet_libraries
 from experiments.serving import build_engine
+from experiments.serving.backends.served import ServedEngine
 from experiments.serving.servers import serve
 
 WHAT_WAS_DONE = ("each measurement in a fresh process of its own (fork-server child): the rung's load ladder and "
@@ -52,6 +53,7 @@ class Measured:
     scores_reused_from: str | None    # the rung whose scores these are (same numerics), or None: scored here
     reference: object                 # the baseline's reference scores, once recorded
     pid: int
+    server: dict | None = None        # a serving engine's server: engine, version, command, log, startup_s
 
 
 @dataclass(frozen=True)
@@ -172,9 +174,12 @@ def _measure_here(cand: Candidate, sweep, name: str) -> Measured:
         else:
             acc, fidelity = sweep.scorer.score(engine, ui.stage, name)
             reused_from = None
+        server = None
+        if isinstance(engine, ServedEngine):
+            server = {**engine.described(), "startup_s": engine.startup_s}
         return Measured(bench, acc, fidelity, float(engine.artefact_bytes()), float(engine.weight_bits()),
                         getattr(engine, "build_seconds", None), getattr(engine, "reused", None), reused_from,
-                        sweep.scorer.reference, os.getpid())
+                        sweep.scorer.reference, os.getpid(), server)
     finally:
         engine.close()
 

@@ -182,6 +182,8 @@ def _measure(cand, sweep: Sweep, name: str, apart: contender.Apart) -> contender
     if measured.build_seconds is not None:
         tracking.log_metric("build_seconds", measured.build_seconds)
         tracking.set_tag(Tag.ARTEFACT_REUSED, str(measured.artefact_reused))
+    if measured.server:
+        rung_log.log_server(measured.server)
     sweep.ui.levels(name, measured.bench)
     if sweep.scorer.reference is None:
         sweep.scorer.reference = measured.reference

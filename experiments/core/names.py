@@ -13,6 +13,7 @@ class Tag:
     MODEL = "roi.model"
     MODEL_DIR = "roi.model_dir"
     ENDPOINT = "roi.endpoint"
+    SERVER = "roi.server."                   # + engine, version, command, ...: a serving engine's server
     PROMPT_FORMAT = "roi.prompt_format"
     TOKENIZER = "roi.tokenizer"              # the folder whose tokenizer made an endpoint bench's prompts
     QUEUE_MODEL_SPLIT = "roi.queue_model_split"

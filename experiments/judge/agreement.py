@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-from experiments.judge.fidelity import logprob_scorer
+from experiments.judge.fidelity import logprob_scorer, predicting
 from experiments.judge.gate import Criterion
 
 TOP_K = 32   # baseline log-probs kept per step; a token outside them is at least the K-th's margin away
@@ -157,7 +157,7 @@ class BaselineGenerations:
                 first, margin = len(free), np.inf
             else:
                 margin = ref.margin(first, base[first], free[first]) if first is not None else np.nan
-            forced = np.asarray(_answer_rows(score, prompt, base)).argmax(-1) if base else np.zeros(0, int)
+            forced = _answer_rows(score, prompt, base).argmax(-1) if base else np.zeros(0, int)
             worst = max((ref.margin(j, b, int(c)) for j, (b, c) in enumerate(zip(base, forced)) if b != c),
                         default=0.0)
             out.append(PromptAgreement(first is None, first, float(margin), len(base),
@@ -169,8 +169,7 @@ def _answer_rows(score, prompt: Sequence[int], output: Sequence[int]) -> np.ndar
     """Log-prob rows predicting each answer token, from one forward over prompt + answer."""
     if not output:
         return np.zeros((0, 1))
-    rows = score(list(prompt) + list(output[:-1]))
-    return rows[len(prompt) - 1:]
+    return predicting(score, list(prompt) + list(output))[len(prompt) - 1:]
 
 
 def lower_bound(agreed: int, n: int, confidence: float) -> float:

@@ -20,12 +20,45 @@ from experiments.judge.gate import Criterion
 Scorer = Callable[[Sequence[int]], np.ndarray]
 
 
+@dataclass(frozen=True)
+class TopLogprobs:
+    """Next-token log-probs of a sequence as a server returns them (its prompt log-probs): each position's top K
+    tokens, and the token that followed it in the sequence, which the server always scores. Row t is the
+    distribution after tokens[:t + 1]; the last row's next token is unknown (-1, nan)."""
+    ids: np.ndarray = field(repr=False)        # [len, K], most likely first
+    logprobs: np.ndarray = field(repr=False)   # [len, K]
+    followed: np.ndarray = field(repr=False)   # [len]: log p(tokens[t + 1]) at row t
+    followed_ids: np.ndarray = field(repr=False)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, rows: slice) -> "TopLogprobs":
+        return TopLogprobs(self.ids[rows], self.logprobs[rows], self.followed[rows], self.followed_ids[rows])
+
+    def argmax(self, axis: int = -1) -> np.ndarray:
+        return self.ids[:, 0]
+
+    def describe(self) -> str:
+        return (f"the server's top-{self.ids.shape[-1]} prompt log-probs: KL over those tokens and the rest of the "
+                f"vocabulary as one (a lower bound of the full KL); top-1 and perplexity exact")
+
+
+def predicting(score: Scorer, tokens: Sequence[int]):
+    """The scorer's rows predicting tokens[1:]. A server scores the token that followed only inside the sequence
+    it is given, so a top-K scorer gets all of it (and its last row is dropped); a full-vocabulary one tokens[:-1]."""
+    if getattr(score, "top_k", None):
+        return score(list(tokens))[:-1]
+    return score(list(tokens)[:-1])
+
+
 # --- log-probabilities, each engine in its own runtime ----------------------------------------------------
 def logprob_scorer(engine) -> Scorer:
     """token ids -> [len, vocab] next-token log-probs, from whatever the engine offers.
 
     A torch module at `.model` is run directly; otherwise the engine's lm-eval model must score with
-    `_logprobs` (ONNX Runtime on the exported graph). Build once per engine: the ONNX session is not free.
+    `_logprobs` (ONNX Runtime on the exported graph; a serving engine's server, whose `_logprobs` has `top_k` and
+    returns TopLogprobs). Build once per engine: the ONNX session is not free.
     """
     import torch
 
@@ -56,8 +89,10 @@ def _torch_logprobs(forward, device, token_ids: Sequence[int]) -> np.ndarray:
 
 
 # --- the math --------------------------------------------------------------------------------------------
-def kl_per_position(baseline_logprobs: np.ndarray, candidate_logprobs: np.ndarray) -> np.ndarray:
+def kl_per_position(baseline_logprobs: np.ndarray, candidate_logprobs) -> np.ndarray:
     """KL(P || Q) per row from log-probs; rows are renormalized first, so float32 rounding is not divergence."""
+    if isinstance(candidate_logprobs, TopLogprobs):
+        return _kl_top_k(baseline_logprobs, candidate_logprobs)
     lp = _normalized(baseline_logprobs)
     lq = _normalized(candidate_logprobs)
     p = np.exp(lp)
@@ -66,13 +101,34 @@ def kl_per_position(baseline_logprobs: np.ndarray, candidate_logprobs: np.ndarra
     return np.maximum(terms.sum(axis=-1), 0.0)
 
 
+def _kl_top_k(baseline_logprobs: np.ndarray, top: TopLogprobs) -> np.ndarray:
+    """KL(P || Q) over the partition {each of Q's known tokens} + {the rest}: by the data-processing inequality
+    a lower bound of the full KL, equal to it when the rest holds little mass. The known tokens are the top K
+    and the token that followed (when it is outside them)."""
+    p = np.exp(_normalized(baseline_logprobs))
+    extra = top.followed_ids[:, None]
+    outside = (extra >= 0) & ~(top.ids == extra).any(-1, keepdims=True)
+    ids = np.concatenate([top.ids, np.where(outside, extra, top.ids[:, :1])], axis=-1)
+    lq = np.concatenate([top.logprobs, top.followed[:, None]], axis=-1).astype(np.float64)
+    known = np.concatenate([np.ones_like(top.ids, dtype=bool), outside], axis=-1)
+    p_known = np.where(known, np.take_along_axis(p, ids, axis=-1), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p_known > 0, p_known * (np.log(p_known) - lq), 0.0).sum(-1)
+        p_rest = np.clip(1.0 - p_known.sum(-1), 0.0, 1.0)
+        q_rest = np.clip(1.0 - np.where(known, np.exp(lq), 0.0).sum(-1), 1e-12, 1.0)
+        rest = np.where(p_rest > 0, p_rest * np.log(p_rest / q_rest), 0.0)
+    return np.maximum(terms + rest, 0.0)
+
+
 def _normalized(logprobs: np.ndarray) -> np.ndarray:
     lp = np.asarray(logprobs, dtype=np.float64)
     return lp - logsumexp(lp, axis=-1, keepdims=True)
 
 
-def _next_token_logprobs(logprobs_of_prefix: np.ndarray, window: Sequence[int]) -> np.ndarray:
+def _next_token_logprobs(logprobs_of_prefix, window: Sequence[int]) -> np.ndarray:
     """log p(window[t+1]) from the log-probs of window[:-1] (one row per prediction)."""
+    if isinstance(logprobs_of_prefix, TopLogprobs):
+        return logprobs_of_prefix.followed.astype(np.float64)
     return _normalized(logprobs_of_prefix)[np.arange(len(window) - 1), np.asarray(window[1:])]
 
 
@@ -81,6 +137,9 @@ def mean_and_se(per_sequence: np.ndarray) -> tuple[float, float]:
     values = np.asarray(per_sequence, dtype=np.float64)
     se = float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
     return float(values.mean()), se
+
+
+FULL = "full vocabulary"
 
 
 # --- fixed windows of held-out text ----------------------------------------------------------------------
@@ -106,6 +165,7 @@ class FidelityReport:
     top1_se: float
     baseline_ppl: float       # over the windows' next-token predictions
     candidate_ppl: float
+    basis: str = FULL         # what the candidate's log-probs held (TopLogprobs.describe for a server)
 
     @property
     def ppl_ratio(self) -> float:
@@ -132,18 +192,23 @@ class BaselineLogprobs:
     @classmethod
     def record(cls, engine, sequences: Sequence[Sequence[int]]) -> "BaselineLogprobs":
         score = logprob_scorer(engine)
+        if getattr(score, "top_k", None):
+            raise ValueError(f"the baseline's log-probs must cover the whole vocabulary; {engine.name}'s server "
+                             f"returns its top {score.top_k} only (a baseline runs in process)")
         windows = tuple(tuple(s) for s in sequences)
         # The last token has no next token inside the window: score window[:-1], predict window[1:].
-        return cls(windows, tuple(score(w[:-1]).astype(np.float32) for w in windows))
+        return cls(windows, tuple(predicting(score, w).astype(np.float32) for w in windows))
 
     def compare(self, candidate_engine, progress=None) -> FidelityReport:
         """progress(done, total, what, unit): windows scored (console.Stage.progress)."""
         score = logprob_scorer(candidate_engine)
-        kl, top1, base_nll, cand_nll = [], [], [], []
+        kl, top1, base_nll, cand_nll, basis = [], [], [], [], FULL
         for i, (window, base) in enumerate(zip(self.sequences, self.logprobs)):
             if progress:
                 progress(i, len(self.sequences), "fidelity", "windows")
-            cand = score(window[:-1])
+            cand = predicting(score, window)
+            if isinstance(cand, TopLogprobs):
+                basis = cand.describe()
             kl.append(kl_per_position(base, cand).mean())
             top1.append((base.argmax(-1) == cand.argmax(-1)).mean())
             base_nll.append(-_next_token_logprobs(base, window).mean())
@@ -153,7 +218,8 @@ class BaselineLogprobs:
         return FidelityReport(
             n_sequences=len(self.sequences), n_positions=sum(len(w) - 1 for w in self.sequences),
             kl_mean=kl_mean, kl_se=kl_se, top1_agreement=top1_mean, top1_se=top1_se,
-            baseline_ppl=float(np.exp(np.mean(base_nll))), candidate_ppl=float(np.exp(np.mean(cand_nll))))
+            baseline_ppl=float(np.exp(np.mean(base_nll))), candidate_ppl=float(np.exp(np.mean(cand_nll))),
+            basis=basis)
 
 
 def fidelity(baseline_engine, candidate_engine, sequences: Sequence[Sequence[int]]) -> FidelityReport:
@@ -170,7 +236,7 @@ def judge(report: FidelityReport, max_kl: float, min_top1: float, confidence: fl
     detail = (f"fidelity vs baseline over {report.n_positions} positions: "
               f"KL {report.kl_mean:.2e} (upper {kl_upper:.2e}) {'<=' if kl_ok else '>'} {max_kl:g}, "
               f"top-1 {report.top1_agreement:.4f} (lower {top1_lower:.4f}) {'>=' if top1_ok else '<'} {min_top1:g}, "
-              f"ppl ratio {report.ppl_ratio:.4f}")
+              f"ppl ratio {report.ppl_ratio:.4f}" + ("" if report.basis == FULL else f"; from {report.basis}"))
     return Criterion("fidelity", kl_ok and top1_ok, detail,
                      {"kl_mean": report.kl_mean, "kl_upper": kl_upper, "max_kl": max_kl,
                       "top1_agreement": report.top1_agreement, "top1_lower": top1_lower, "min_top1": min_top1,

@@ -18,7 +18,6 @@ import os
 import select
 import signal
 import threading
-import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,8 @@ from experiments.core import progress
 from experiments.core.errors import ConfigError, exception_line
 from experiments.core.secrets import ScrubbedStream, guard_console
 from experiments.core.settings import check_section
+from experiments.measure.process_family import Watch, end as end_family
+from experiments.serving import server_process
 
 # Imported once by the fork server, so a child starts in a fraction of a second instead of ~8 s.
 PRELOAD = ["experiments.measure.rung_process", "experiments.climb.ladder", "experiments.judge.accuracy",
@@ -100,7 +101,7 @@ def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None, on_progr
     log_path.parent.mkdir(parents=True, exist_ok=True)
     receiver, sender = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child_main, args=(sender, fn, args, str(log_path)), name=f"roi-ladder:{log_path.stem}")
-    watch, failure = _Watch(limits), None
+    watch, failure = Watch(limits), None
     try:
         child.start()
         sender.close()
@@ -120,7 +121,7 @@ def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None, on_progr
                     if status == "raised":
                         raise value
                     if status == "failed":
-                        _end(child, watch.family)
+                        end_family(child, watch.family)
                         return Outcome(None, f"{value} (traceback in {log_path})", watch.peak_rss_bytes,
                                        watch.seconds())
                     return Outcome(value, None, watch.peak_rss_bytes, watch.seconds())
@@ -134,51 +135,17 @@ def run(fn, args: tuple, limits: Limits, log_path: Path, on_start=None, on_progr
             if failure := watch.breach(child.pid):
                 break
     except BaseException:
-        _end(child, watch.family)
+        end_family(child, watch.family)
         raise
     finally:
         receiver.close()
         sender.close()
-    _end(child, watch.family)
+    end_family(child, watch.family)
     if failure is None:
         failure = _exit_reason(child.exitcode)
     tail = _log_tail(log_path)
     return Outcome(None, f"{failure}{'; last log lines: ' + tail if tail else ''}", watch.peak_rss_bytes,
                    watch.seconds())
-
-
-class _Watch:
-    """The limits of one child, checked between its messages: its process tree's resident memory (peak kept)
-    and the time since the watch began. Every process seen is kept in `family`, to be ended with it."""
-
-    def __init__(self, limits: Limits):
-        self.limits, self.family, self.peak_rss_bytes = limits, {}, 0
-        self.adopted: list[psutil.Process] = []   # the child's own children: its siblings under the fork server
-        self.restart()
-
-    def adopt(self, pid: int) -> None:
-        try:
-            self.adopted.append(psutil.Process(pid))   # kept by object: a reused id is never taken for it
-        except psutil.Error:
-            pass                                         # gone already
-
-    def restart(self) -> None:
-        self.started = time.monotonic()
-
-    def seconds(self) -> float:
-        return time.monotonic() - self.started
-
-    def breach(self, pid: int) -> str | None:
-        self.adopted = [p for p in self.adopted if p.is_running()]     # those that ended are done with
-        rss = sum(_tree_rss(p, self.family) for p in (pid, *self.adopted))
-        self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
-        if rss > self.limits.memory_bytes:
-            return (f"memory limit hit: the rung's processes held {rss / 2**30:.2f} GiB resident, over the "
-                    f"limit of {self.limits.memory_bytes / 2**30:.2f} GiB (isolation.memory_limit_gb)")
-        if self.seconds() > self.limits.time_s:
-            return (f"time limit hit: still running after {self.limits.time_s:g} s (isolation.time_limit_s); "
-                    f"it may hang")
-        return None
 
 
 class ResidentFailed(RuntimeError):
@@ -195,7 +162,7 @@ class Resident:
     def __init__(self, setup, limits: Limits, log_path: Path):
         ctx = _fork_server()
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log_path, self.watch = log_path, _Watch(limits)
+        self.log_path, self.watch = log_path, Watch(limits)
         self._conn, child_end = ctx.Pipe()
         self.child = ctx.Process(target=_resident_main, args=(child_end, setup, str(log_path)),
                                  name=f"roi-ladder:{log_path.stem}")
@@ -219,7 +186,7 @@ class Resident:
 
     def close(self) -> None:
         self._signal(signal.SIGCONT)       # a stopped process dies of SIGKILL too; this lets its group go at once
-        _end(self.child, self.watch.family)
+        end_family(self.child, self.watch.family)
         self._conn.close()
 
     def __enter__(self):
@@ -251,13 +218,13 @@ class Resident:
                 if status == "raised":
                     raise value
                 if status == "failed":
-                    _end(self.child, self.watch.family)
+                    end_family(self.child, self.watch.family)
                     raise ResidentFailed(f"{value} (traceback in {self.log_path})")
                 return value
             if not self.child.is_alive():
                 break
             failure = self.watch.breach(self.child.pid)
-        _end(self.child, self.watch.family)
+        end_family(self.child, self.watch.family)
         failure = failure or _exit_reason(self.child.exitcode)
         tail = _log_tail(self.log_path)
         raise ResidentFailed(f"{failure}{'; last log lines: ' + tail if tail else ''}")
@@ -267,10 +234,16 @@ def _resident_main(conn, setup, log_path: str) -> None:
     log_file = _settle_child(conn, log_path)
     try:
         built = setup()
+        # A serving engine's server has a process group of its own, which this child's SIGSTOP does not reach.
+        pause, resume = (getattr(built, name, lambda: None) for name in ("pause", "resume"))
+        pause()
         conn.send(("ok", None))
         while (request := conn.recv()) is not None:
             fn, args = request
-            conn.send(("ok", fn(built, *args)))
+            resume()
+            value = fn(built, *args)
+            pause()
+            conn.send(("ok", value))
     except ConfigError as exc:
         conn.send(("raised", exc))
     except Exception as exc:
@@ -326,63 +299,26 @@ def _ask_the_same_fork_server() -> None:
 
 
 def _die_with_sweep(sender) -> None:
-    """End this process, and what it started, when the sweep's end of the result pipe closes: a SIGKILLed
-    sweep leaves no rung running on. (The fork server outlives the sweep while a child runs, so the child
-    watches the sweep itself; a pipe's write end reports POLLERR once its reader is gone.)"""
+    """End this process, and what it started (servers' groups too), when the sweep's end of the result pipe
+    closes: a SIGKILLed sweep leaves no rung running on. (The fork server outlives the sweep while a child runs,
+    so the child watches the sweep itself; a pipe's write end reports POLLERR once its reader is gone.)"""
     def watch():
         poller = select.poll()
         poller.register(sender.fileno(), select.POLLERR | select.POLLHUP)
         while not poller.poll(1000):
             pass
+        server_process.kill_all()
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="die-with-sweep", daemon=True).start()
 
 
-def _tree_rss(root: int | psutil.Process, family: dict) -> int:
-    """Resident memory of a process and its descendants; each process seen is kept in `family`, so it can be
-    ended later even once it has been handed to init."""
-    try:
-        procs = [root if isinstance(root, psutil.Process) else psutil.Process(root)]
-        procs += procs[0].children(recursive=True)
-    except psutil.Error:
-        return 0
-    total = 0
-    for proc in procs:
-        family.setdefault(proc.pid, proc)
-        try:
-            total += proc.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
-
-
-def _end(child, family: dict) -> None:
-    """SIGKILL the child's process group and each process seen in it: only what the rung started. psutil checks
-    a process is still the one seen (its start time), so a reused pid is never hit."""
-    if child.pid is None:
-        return
-    if child.exitcode is None:       # not reaped yet: its pid, and its group's id, are still its own
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            child.kill()              # it had not made its group yet
-    for proc in family.values():
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    child.join(30)
-    psutil.wait_procs([p for p in family.values() if p.pid != child.pid], timeout=10)
-
-
 def _exit_reason(code: int | None) -> str:
-    if code is None:
-        return "the rung's process did not exit"
-    if code < 0:
-        sig = signal.Signals(-code)
-        return f"the rung's process died of {sig.name} ({SIGNAL_MEANING.get(sig, 'a signal')})"
-    return f"the rung's process exited with code {code} before reporting a result"
+    if code is not None and code < 0:
+        return f"the rung's process died of {signal.Signals(-code).name} " \
+               f"({SIGNAL_MEANING.get(signal.Signals(-code), 'a signal')})"
+    return "the rung's process did not exit" if code is None else \
+        f"the rung's process exited with code {code} before reporting a result"
 
 
 def _log_tail(log_path: Path) -> str:

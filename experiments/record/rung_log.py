@@ -2,6 +2,8 @@
 the gate's rounds and criteria, and its capacity plan."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from experiments.core.names import Tag
@@ -53,3 +55,11 @@ def log_capacity(result, cfg_capacity, no_plan: str | None = None) -> None:
     tracking.log_text(result.to_markdown(), "capacity/plan.md")
     tracking.set_tag(Tag.CAPACITY, f"{result.replicas} replicas for {cfg_capacity.peak_qps} QPS "
                                    f"({result.tier}), {result.cost_per_hour:.2f}/h")
+
+
+def log_server(server: dict) -> None:
+    """A serving engine's server: its start-up time (a cost every deployment pays), what ran it, and its log."""
+    tracking.log_metric("startup_s", float(server["startup_s"]))
+    tracking.set_tags({f"{Tag.SERVER}{key}": str(value) for key, value in server.items() if key != "startup_s"})
+    if Path(server.get("log", "")).is_file():
+        tracking.log_file(server["log"], "server")

@@ -242,6 +242,10 @@ def log_text(text: str, artifact_path: str) -> None:
     mlflow.log_text(scrub_text(text), artifact_path)
 
 
+def log_file(path, artifact_dir: str) -> None:
+    mlflow.log_artifact(str(path), artifact_dir)
+
+
 def log_metric(key: str, value: float, step: int | None = None) -> None:
     mlflow.log_metric(key, value, step=step)
 

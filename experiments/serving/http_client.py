@@ -141,6 +141,10 @@ class EndpointServer:
                 raise failed
             if not rec.token_times:   # else it would be neither ok nor an error: invisible in the rates
                 raise EndpointFailed("the stream ended with no tokens")
+            if len(rec.token_times) < rec.prompt.max_new_tokens:
+                # A server that cuts streams short (llama-cpp-python's interrupt_requests) would read as fast.
+                raise EndpointFailed(f"the stream ended after {len(rec.token_times)} of the "
+                                     f"{rec.prompt.max_new_tokens} tokens asked for")
         except HttpStatus as exc:
             rec.error = f"HTTP {exc.status}: {_excerpt(exc.body)}"
         except MalformedStream as exc:

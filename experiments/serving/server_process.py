@@ -1,7 +1,9 @@
 """A serving engine's own server (vLLM's, llama.cpp's llama-server, ...) as a child process of the ladder.
 
-The server runs in a session of its own, so its whole process group (an API server and the engine workers it
-starts) is paused, resumed and ended by the group's id. It listens on 127.0.0.1, on a port chosen here, and
+The server runs in a process group of its own, so the whole group (an API server and the engine workers it
+starts) is paused, resumed and ended by the group's id. The group stays in our session: should the ladder die
+while the server is paused, the kernel finds a stopped, orphaned group and sends it SIGHUP and SIGCONT, which
+end it; a measuring child that sees the sweep die ends the servers it started (kill_all). It listens on 127.0.0.1, on a port chosen here, and
 its output goes to a log file kept as an artefact of the run. start() waits for its health URL to answer
 HTTP 200 and records how long that took (`startup_s`: a deployment pays it at every start); a server that
 exits meanwhile, or never answers, is one error with its exit code and the last lines of its log.
@@ -35,6 +37,7 @@ PROBE_TIMEOUT_S = 2.0
 SETTLE_S = 5.0           # how long the group may take to act on SIGSTOP or SIGKILL
 LOG_TAIL_LINES = 20
 EXITED = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+_LIVE: set[int] = set()   # process groups of the servers this process started and has not stopped
 # A proxy from the environment (http_proxy) must not stand in for the server on 127.0.0.1.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -95,15 +98,16 @@ class ServerProcess:
         try:
             with open(self.log_path, "wb") as log:
                 self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log,
-                                              stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+                                              stderr=subprocess.STDOUT, env=self.env, process_group=0)
         except FileNotFoundError:
             raise ConfigError(f"the server program {self.command[0]!r} is not found",
                               "install it, or give its full path") from None
         atexit.register(self.stop)     # a last resort: an exception or a return ends it earlier
+        _LIVE.add(self._proc.pid)
         try:
             self._wait_until_healthy(began, timeout_s)
         except BaseException:
-            # Ctrl-C included: the terminal's SIGINT reaches our process group, not the server's session.
+            # Ctrl-C included: the terminal's SIGINT reaches our process group, not the server's.
             self.stop()
             raise
         self.startup_s = time.monotonic() - began
@@ -140,6 +144,7 @@ class ServerProcess:
         # machine's init took up to 2 s): they hold no memory, so they are not waited for.
         self._proc.wait()
         self._stopped = True
+        _LIVE.discard(self._proc.pid)
         atexit.unregister(self.stop)
 
     def __enter__(self) -> "ServerProcess":
@@ -186,6 +191,13 @@ class ServerProcess:
         deadline = time.monotonic() + seconds
         while any(s not in statuses for s in _statuses(self._proc.pid)) and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def kill_all() -> None:
+    """SIGKILL every server group this process started and has not stopped: its last act before it dies."""
+    for pgid in list(_LIVE):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
 
 
 def _statuses(pgid: int) -> list[str]:

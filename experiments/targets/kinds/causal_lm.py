@@ -31,7 +31,8 @@ class CausalLMKind(Kind):
     metrics = LATENCY_METRICS
     engines = {"torch": "experiments.serving.backends.pytorch.causal_lm:TorchEngine",
                "onnxruntime": "experiments.serving.backends.onnxruntime.causal_lm:OrtGenaiEngine",
-               "openvino": "experiments.serving.backends.openvino.causal_lm:OpenVinoCausalLM"}
+               "openvino": "experiments.serving.backends.openvino.causal_lm:OpenVinoCausalLM",
+               "vllm": "experiments.serving.backends.vllm.causal_lm:VllmEngine"}
     # torch with recipe.cuda_graph: the decode step replayed from a captured graph
     cuda_graph_engine = "experiments.serving.backends.pytorch.cuda_graph:CudaGraphEngine"
     folders = "causal LMs (*ForCausalLM)"

