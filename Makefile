@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 # Hydra overrides: `make sweep profile=quick target=tiny-llm` or `make sweep ARGS="gate.min_gain=0.1"`.
 OVERRIDES := $(foreach v,target profile ladder gate benchmark tracking experiment,$(if $($(v)),$(v)=$($(v)))) $(ARGS)
 
-.PHONY: setup browser sweep ui ui-check server-check test test-fast bench bench-gpu gpu-resolve bench-gate bench-agreement promote rollback status clean
+.PHONY: setup browser sweep ui ui-check server-check test test-fast bench bench-gpu gpu-resolve bench-gate bench-agreement promote rollback status serve llama-cpp clean
 setup: $(STAMP)
 
 # pip byte-compiles what it installs on one core (~65 s of a first install here); --no-compile, then compileall on
@@ -68,6 +68,16 @@ rollback: setup
 
 status: setup
 	$(BIN)/roi-ladder status $(REGISTRY_NAME) $(OVERRIDES)
+
+# llama.cpp's llama-server compiled from the sources in llama-cpp-python's sdist into the engines' cache (~10 min on
+# 2 cores, once per machine; the llama_cpp rung makes it on first use too). tests/test_llama_cpp.py runs once it is.
+llama-cpp: setup
+	$(BIN)/python -c "from experiments.serving.backends.llama_cpp.build import LlamaCppBuild; print(LlamaCppBuild().ensure())"
+
+# The registry's champion as an OpenAI endpoint on 127.0.0.1:8000 (PORT=...): a serving engine's champion in
+# that engine's own server, started as the sweep measured it; after `make rollback`, the version restored.
+serve: setup
+	$(BIN)/roi-ladder serve --champion $(NAME) --port $(or $(PORT),8000) $(OVERRIDES)
 
 # Two workers: a serial run kept 0.68 of 2 cores busy on average (single-threaded Python between the engines'
 # work, sweeps waiting on their children). Each worker takes whole files (a file's sweep fixture runs once), the

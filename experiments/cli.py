@@ -165,6 +165,9 @@ def _http_command(command: str, argv: list[str]) -> int:
         parser.add_argument("--host", default=DEFAULT_HOST,
                             help=f"address to listen on (default {DEFAULT_HOST}; another one exposes the model)")
         parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+        parser.add_argument("--champion", nargs="?", const="", metavar="NAME",
+                            help="serve the registry's champion of model NAME (default: roi-ladder-<target>) as "
+                                 "promoted; a serving engine's champion runs in that engine's own server")
     else:
         parser.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000")
         parser.add_argument("--model", help="model to ask for (default: the first one the endpoint lists)")
@@ -178,12 +181,17 @@ def _http_command(command: str, argv: list[str]) -> int:
     try:
         cfg = _compose(overrides)
         if command == "serve":
+            if args.champion is not None and args.rungs:
+                raise ConfigError("serve takes --rungs or --champion, not both",
+                                  "--champion serves the promoted recipe as it is")
+            code = 0
             try:
-                endpoint.serve_candidate(cfg, [r.strip() for r in args.rungs.split(",") if r.strip()], args.host,
-                                         args.port, ui)
+                code = endpoint.serve_candidate(cfg, [r.strip() for r in args.rungs.split(",") if r.strip()],
+                                                args.host, args.port, ui, args.champion)
             except KeyboardInterrupt:
                 pass
             ui.console.print("stopped.")
+            return code
         else:
             result = endpoint.bench_endpoint(cfg, args.endpoint, args.model, args.prompt_format, ui, args.tokenizer)
             ui.console.print(level_table(result.report, f"{args.endpoint} · {result.model}"))

@@ -1,10 +1,10 @@
-"""Engine swap to a serving engine (vLLM; llama.cpp's server next): the server people deploy, started for the
+"""Engine swap to a serving engine (vLLM, llama.cpp's llama-server): the server people deploy, started for the
 candidate, with its own continuous batching, at the champion's precision."""
 from experiments.core.recipe import Candidate, Env
 from experiments.serving import refusal
 from optimizers.base import Optimizer
 
-SERVING_ENGINES = ("vllm",)
+SERVING_ENGINES = ("vllm", "llama.cpp")
 
 
 class ServingEngineSwap(Optimizer):
@@ -18,7 +18,8 @@ class ServingEngineSwap(Optimizer):
         if max_num_seqs < 1 or max_num_batched_tokens < 0:
             raise ValueError(f"max_num_seqs must be >= 1 and max_num_batched_tokens >= 0 (got {max_num_seqs}, "
                              f"{max_num_batched_tokens})")
-        self.name = self.engine = engine
+        self.engine = engine
+        self.name = engine.replace(".", "_")       # llama.cpp -> llama_cpp: a rung's name is a config key
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
 
     def check(self, env: Env, cand: Candidate) -> str | None:

@@ -105,6 +105,25 @@ def test_non_stream_answers_with_usage(endpoint, tokenizer):
     assert httpx.get(f"{url}/health").json() == {"status": "ok"}
 
 
+def test_metrics_answer_in_prometheus_format(endpoint):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url, _ = endpoint
+
+    def read() -> dict:
+        page = httpx.get(f"{url}/metrics")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/plain")
+        return {s.name: s.value for f in text_string_to_metric_families(page.text) for s in f.samples}
+
+    before = read()
+    assert httpx.post(f"{url}/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 5}, timeout=30).status_code == 200
+    after = read()
+    assert after["roi_ladder_requests_total"] == before["roi_ladder_requests_total"] + 1
+    assert after["roi_ladder_prompt_tokens_total"] == before["roi_ladder_prompt_tokens_total"] + 3
+    assert after["roi_ladder_generation_tokens_total"] == before["roi_ladder_generation_tokens_total"] + 5
+    assert after["roi_ladder_num_requests_running"] == 0
+
+
 @pytest.mark.parametrize("body, says", [
     ({"prompt": "", "max_tokens": 4}, "prompt is empty"),
     ({"prompt": [1, 2], "max_tokens": 0}, "max_tokens"),

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf, open_dict
 
 from experiments.core.errors import ConfigError
 from experiments.core.recipe import Candidate, Recipe, Target
-from experiments.record import registry, tracking
+from experiments.record import packaged, registry, tracking
 from optimizers.baseline import EagerBaseline
 from optimizers.onnxruntime_engine import OnnxRuntimeSwap
 from optimizers.quantization import WeightQuantization
@@ -255,9 +255,9 @@ def test_a_built_in_other_than_tiny_llm_or_a_gguf_is_found_again_at_load(tmp_pat
     package = registry.package_recipe(Run, cfg)
     assert package["target"]["source"] == "builtin:smollm2-135m" and package["target"]["build"] is None
     with pytest.raises(ConfigError, match="does not exist on this machine"):
-        registry._model_dir({"source": str(tmp_path / "gone.gguf")}, tmp_path)
+        packaged._model_dir({"source": str(tmp_path / "gone.gguf")}, tmp_path)
     from experiments.targets.models.minilm import model_dir
-    assert registry._model_dir({"source": "builtin:minilm"}, tmp_path) == model_dir()
+    assert packaged._model_dir({"source": "builtin:minilm"}, tmp_path) == model_dir()
 
 
 def test_an_encoder_champion_loads_as_pyfunc_and_embeds_like_the_engine(tmp_path):

@@ -45,7 +45,7 @@ def test_an_environment_is_made_once_and_reused(tmp_path):
 def test_an_environment_that_cannot_be_made_is_one_clear_error_and_leaves_nothing(tmp_path, requirements, check,
                                                                                   says):
     env = EngineEnvironment("probe", "1", "cpu", requirements, check=check)
-    with pytest.raises(EngineUnavailable, match="could not create the probe 1 environment") as error:
+    with pytest.raises(EngineUnavailable, match="could not make the probe 1 environment for cpu") as error:
         env.ensure(tmp_path, lambda _: None)
     assert says in str(error.value) and "the last lines of" in str(error.value)
     assert not env.ready(tmp_path)
@@ -188,3 +188,83 @@ def test_a_resident_pauses_what_it_built_between_calls(tmp_path):
         second = resident.call(_events)
     assert first == ["pause", "resume"] and second == ["pause", "resume", "pause", "resume"]
     assert os.getpid()      # the calls ran in the child; this process built nothing
+
+
+# --- a server's own metrics ---------------------------------------------------------------------------------
+VLLM_METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{engine="0",model_name="m"} %d
+vllm:num_preemptions_created{engine="0",model_name="m"} 1.79e+09
+"""
+
+
+def test_a_servers_metrics_are_read_and_summarized_per_level(monkeypatch):
+    from experiments.serving import server_metrics
+
+    pages = iter([VLLM_METRICS % 2, VLLM_METRICS % 5])
+
+    class Page:
+        def __init__(self, *_, **__):
+            self.text = next(pages).encode()
+
+        def read(self):
+            return self.text
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(server_metrics._OPENER, "open", Page)
+    samples = [server_metrics.scrape("http://x", server_metrics.VLLM) for _ in range(2)]
+    assert samples[0] == {"running": 3.0, "waiting": 1.0, "kv_cache_usage": 0.25, "preemptions": 2.0}
+    summary = server_metrics.summarize(samples + [{"running": 1.0}])
+    assert summary["running_mean"] == pytest.approx(7 / 3) and summary["running_max"] == 3.0
+    assert summary["kv_cache_usage_max"] == 0.25 and summary["preemptions"] == 3.0
+
+
+def test_the_sampler_counts_the_servers_processes_not_this_one(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from experiments.measure.resources import ResourceSampler
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        with ResourceSampler(0.1, processes=lambda: [busy.pid]) as sampler:
+            time.sleep(1.0)          # this process sleeps; the "server" spins a core
+    finally:
+        busy.kill()
+        busy.wait()
+    assert sampler.summary()["cpu_percent_mean"] > 50 and sampler.summary()["server_metrics"] is None
+
+
+# --- llama.cpp --------------------------------------------------------------------------------------------
+def test_llama_cpp_runs_gguf_types_made_from_the_recipe_and_refuses_the_rest():
+    from experiments.serving.backends.llama_cpp.causal_lm import LlamaCppEngine, gguf_type
+
+    assert engine_class(candidate(engine="llama.cpp")) is LlamaCppEngine
+    assert [gguf_type(Recipe(precision=p, quantization=q)) for p, q in
+            (("fp32", "none"), ("bf16", "none"), ("fp32", "int8"), ("fp32", "int4"))] == ["f32", "bf16", "Q8_0", "Q4_K_M"]
+    assert refusal(candidate(engine="llama.cpp", batching="continuous", max_batch=8)) is None
+    assert "built here for the CPU" in refusal(candidate(engine="llama.cpp", execution_provider="cuda"))
+    assert "no GGUF type" in refusal(candidate(engine="llama.cpp", quantization="fp8"))
+    assert "slots" in refusal(candidate(engine="llama.cpp", batching="dynamic", max_batch=4))
+
+
+def test_the_llama_cpp_swap_and_its_quantization_rungs():
+    swap = ServingEngineSwap("llama.cpp", max_num_seqs=8)
+    assert swap.name == "llama_cpp" and swap.check(CPU, candidate(engine="onnxruntime")) is None
+    served = swap.apply(candidate(engine="onnxruntime"))
+    assert (served.recipe.engine, served.recipe.max_batch) == ("llama.cpp", 8)
+    assert WeightQuantization("int8").check(CPU, served) is None        # Q8_0 by llama-quantize
+    assert WeightQuantization("int4").check(CPU, served) is None        # Q4_K_M
+    assert "already runs in llama.cpp" in swap.check(CPU, served)

@@ -10,15 +10,22 @@ import time
 
 import psutil
 import pytest
+from omegaconf import OmegaConf
 
 from experiments.core.recipe import Candidate, Recipe, Target
 from experiments.core.request import Prompt
 from experiments.judge.fidelity import BaselineLogprobs
 from experiments.serving import build_engine
 from experiments.serving.server_process import ServerFailed
+from experiments.measure.load import run_level
 from experiments.serving.servers import serve
+from experiments.targets.workload import Workload
 
 pytestmark = pytest.mark.slow
+WORKLOAD = Workload(prompts=tuple(Prompt(i, (10 + i, 20, 30), 6) for i in range(24)),
+                    warmup=tuple(Prompt(100 + i, (50 + i, 7), 6) for i in range(2)))
+LOAD = OmegaConf.create({"warmup_requests": 2, "warmup_s": 0.0, "min_requests": 16, "min_duration_s": 2.0,
+                         "max_duration_s": 60.0, "request_timeout_s": 60.0})
 
 
 def our_processes() -> set[int]:
@@ -54,12 +61,13 @@ def test_vllm_serves_the_model_as_torch_computes_it_and_leaves_nothing_running(t
         assert "top-20 prompt log-probs" in drift.basis
         server = serve(engine)
         try:
-            records = [server.submit(Prompt(i, (10 + i, 20, 30), 6)) for i in range(6)]
-            for rec in records:
-                assert rec.done.wait(120)
+            level = run_level(server, WORKLOAD, 4, LOAD, 0.95)
         finally:
             server.close()
-        assert all(r.error is None and len(r.token_times) == 6 for r in records)
+        assert level.error_rate == 0 and all(len(r.token_times) == 6 for r in level.records)
+        # the server's own view of the level, and its processes' CPU (this process only sends requests)
+        assert level.server_metrics["running_max"] >= 2 and level.server_metrics["preemptions"] == 0
+        assert 0 < level.server_metrics["kv_cache_usage_max"] <= 1 and level.cpu_percent_mean > 50
         lm = engine.lm_eval_model(batch_size=2)
         ours = torch_engine.lm_eval_model(batch_size=1)
         requests = [(("", ""), [5, 6, 7], [8, 9]), (("", ""), [40, 41], [42])]

@@ -2,6 +2,7 @@
 `roi-ladder bench --endpoint`: the target's workload and load ladder against any such endpoint, logged to MLflow."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,8 +16,9 @@ from experiments.core.reports import BenchmarkReport
 from experiments.core.settings import check_settings
 from experiments.measure.load import check_load
 from experiments.measure.load_ladder import run_ladder
-from experiments.record import benchmark_log, tracking
-from experiments.serving import build_engine
+from experiments.record import benchmark_log, packaged, registry, tracking
+from experiments.serving import build_engine, engine_class
+from experiments.serving.backends.served import ServedEngine
 from experiments.serving.http_client import EndpointServer, check_url
 from experiments.serving.http_server import bind, create_app, exposure_warning, run_forever, url_of
 from experiments.serving.servers import serve
@@ -56,15 +58,51 @@ def candidate(cfg: DictConfig, rung_names: list[str], progress) -> Candidate:
     return cand
 
 
-def serve_candidate(cfg: DictConfig, rung_names: list[str], host: str, port: int, console) -> None:
-    """Build the candidate's engine and serve it until Ctrl-C."""
+def serve_candidate(cfg: DictConfig, rung_names: list[str], host: str, port: int, console,
+                    champion: str | None = None) -> int:
+    """Build the candidate's engine (the registry's champion of model `champion`; "" the default model) and serve
+    it until Ctrl-C; a serving engine's champion runs in its own server. The exit status: 1 if that server died."""
+    if champion is not None:
+        name = champion or registry.default_model_name(cfg.tracking)
+        package, version = packaged.champion_package(cfg.tracking, name)
+        cand = packaged.candidate_of(package, Path(cfg.cache_dir))
+        console.note(f"{name} version {version} ({registry.CHAMPION}): {' + '.join(cand.rungs)}")
+    else:
+        cand = candidate(cfg, rung_names, console.note)
+    if issubclass(engine_class(cand), ServedEngine):
+        return _serve_engine_itself(cand, cfg, host, port, console)
+    _serve_in_process(cand, cfg, host, port, console)
+    return 0
+
+
+def _serve_engine_itself(cand: Candidate, cfg: DictConfig, host: str, port: int, console) -> int:
+    """The serving engine's own server on host:port, as the sweep measured it, until Ctrl-C or until it dies."""
+    bind(host, port).close()           # a port in use fails now, not after a minute of the engine's start-up
+    with console.stage(f"starting {cand.recipe.engine}'s own server"):
+        engine = engine_class(cand)(cand, int(cfg.threads), Path(cfg.cache_dir) / "artefacts", host=host,
+                                    port=port or None)
+    try:
+        console.console.print(f"serving [bold]{cand.target.name}[/bold] ({' + '.join(cand.rungs)}) with "
+                              f"{engine.name}'s own server on http://{host}:{engine.process.port}/v1 (its metrics "
+                              f"at /metrics) — Ctrl-C stops\n  {' '.join(engine.process.command)}\n  log: "
+                              f"{engine.process.log_path}")
+        if warning := exposure_warning(host):
+            console.console.print(f"[bold yellow]warning:[/bold yellow] {warning}")
+        while (ended := engine.process.died()) is None:
+            time.sleep(0.5)
+        console.console.print(f"[bold red]error:[/bold red] {ended.describe()}")
+        return 1
+    finally:
+        engine.close()
+
+
+def _serve_in_process(cand: Candidate, cfg: DictConfig, host: str, port: int, console) -> None:
     from transformers import AutoTokenizer
 
     sock = bind(host, port)            # a port in use fails now, not after the engine build
     engine = server = None
     try:
         with console.stage("building the candidate"):
-            cand = candidate(cfg, rung_names, console.note)
             engine = build_engine(cand, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
             server = serve(engine)
             tokenizer = AutoTokenizer.from_pretrained(cand.target.model_dir)

@@ -45,6 +45,7 @@ class LevelReport:
     gpu_mem_mb_max: float | None = None
     gpu_proc_mem_mb_max: float | None = None   # this process's own, where the driver reports it
     kv_mb_max: float | None = None     # paged KV cache: the most KV memory the sequences held at once
+    server_metrics: dict[str, float] | None = None   # a serving engine's own /metrics over the level
     resources: ResourceSeries | None = field(default=None, repr=False)   # the samples, for the diagnosis
 
     def validity(self, windows: int = 5, tolerance: float = 0.10) -> dict[str, bool]:

@@ -22,7 +22,24 @@ ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 log = logging.getLogger(__name__)
 
 
-class OnnxSessionLM(TemplateLM):
+class TokenizedLM(TemplateLM):
+    """An lm-eval model over a Hugging Face tokenizer (`self.tokenizer`), encoding as HFLM does."""
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        # As HFLM: an empty context is conditioned on BOS when the tokenizer has one.
+        bos = self.tokenizer.bos_token_id
+        return bos if bos is not None else self.eot_token_id
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        return self.tokenizer.encode(string, add_special_tokens=bool(add_special_tokens))
+
+
+class OnnxSessionLM(TokenizedLM):
     """lm-eval scoring through ONNX Runtime on the exported graph itself (same file the generator runs).
 
     Mirrors HFLM's causal scoring: context+continuation truncated on the left to the model's window,
@@ -51,19 +68,6 @@ class OnnxSessionLM(TemplateLM):
         self._empty_past = {
             name: np.zeros((1, dec["num_key_value_heads"], 0, dec["head_size"]), past_dtypes[name])
             for name in (f"past_key_values.{i}.{kv}" for i in range(dec["num_hidden_layers"]) for kv in ("key", "value"))}
-
-    @property
-    def eot_token_id(self) -> int:
-        return self.tokenizer.eos_token_id
-
-    @property
-    def prefix_token_id(self) -> int:
-        # As HFLM: an empty context is conditioned on BOS when the tokenizer has one.
-        bos = self.tokenizer.bos_token_id
-        return bos if bos is not None else self.eot_token_id
-
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-        return self.tokenizer.encode(string, add_special_tokens=bool(add_special_tokens))
 
     def _logprobs(self, tokens: list[int]) -> np.ndarray:
         ids = np.asarray([tokens], dtype=np.int64)

@@ -29,19 +29,21 @@ class TopLogprobs:
     logprobs: np.ndarray = field(repr=False)   # [len, K]
     followed: np.ndarray = field(repr=False)   # [len]: log p(tokens[t + 1]) at row t
     followed_ids: np.ndarray = field(repr=False)
+    source: str = "the server's top-{k} prompt log-probs"
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getitem__(self, rows: slice) -> "TopLogprobs":
-        return TopLogprobs(self.ids[rows], self.logprobs[rows], self.followed[rows], self.followed_ids[rows])
+        return TopLogprobs(self.ids[rows], self.logprobs[rows], self.followed[rows], self.followed_ids[rows],
+                           self.source)
 
     def argmax(self, axis: int = -1) -> np.ndarray:
         return self.ids[:, 0]
 
     def describe(self) -> str:
-        return (f"the server's top-{self.ids.shape[-1]} prompt log-probs: KL over those tokens and the rest of the "
-                f"vocabulary as one (a lower bound of the full KL); top-1 and perplexity exact")
+        return (f"{self.source.format(k=self.ids.shape[-1])}: KL over those tokens and the rest of the vocabulary as "
+                f"one (a lower bound of the full KL); top-1 and perplexity exact")
 
 
 def predicting(score: Scorer, tokens: Sequence[int]):

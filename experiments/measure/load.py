@@ -31,7 +31,8 @@ def run_level(server, workload: Workload, load: float, cfg, confidence: float) -
                            cfg.request_timeout_s)
 
     drive(workload.warmup, cfg.warmup_requests, cfg.get("warmup_s", 0.0))
-    with ResourceSampler(kv_probe=getattr(server, "kv_usage", None)) as sampler:
+    with ResourceSampler(kv_probe=getattr(server, "kv_usage", None), processes=getattr(server, "processes", None),
+                         server_probe=getattr(server, "server_probe", None)) as sampler:
         started = time.perf_counter()
         records = drive(workload.prompts, cfg.min_requests, cfg.min_duration_s)
         duration = time.perf_counter() - started

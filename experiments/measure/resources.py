@@ -7,14 +7,21 @@ import numpy as np
 import psutil
 
 from experiments.core.reports import ResourceSeries
+from experiments.serving import server_metrics
 
 
 class ResourceSampler:
     """CPU utilisation and RSS of this (serving) process, GPU utilisation and memory through NVML when a CUDA
-    device is present, and the KV blocks a paged-cache server holds, sampled in the background."""
+    device is present, and the KV blocks a paged-cache server holds, sampled in the background. For a serving
+    engine, `processes()` gives its server's processes, whose CPU and RSS are summed instead of this one's (here
+    only the client runs), and `server_probe()` reads its own metrics (server_metrics.scrape) once a second."""
+    SERVER_EVERY = 4                    # samples: /metrics is read once a second, not at every 0.25 s sample
 
-    def __init__(self, interval_s: float = 0.25, kv_probe=None):
+    def __init__(self, interval_s: float = 0.25, kv_probe=None, processes=None, server_probe=None):
         self.interval_s = interval_s
+        self._processes, self._server_probe = processes, server_probe
+        self._seen: dict[int, psutil.Process] = {}
+        self.server: list[dict[str, float]] = []
         self.cpu: list[float] = []
         self.rss_mb: list[float] = []
         self.gpu_util: list[float] = []
@@ -63,14 +70,44 @@ class ResourceSampler:
             self.gpu_proc_mem_mb.append(mine / 2**20)
 
     def __enter__(self):
-        self._proc.cpu_percent(None)
+        for proc in self._watched():
+            proc.cpu_percent(None)
         self._thread.start()
         return self
 
+    def _watched(self) -> list[psutil.Process]:
+        if self._processes is None:
+            return [self._proc]
+        pids = set(self._processes())
+        for pid in pids - set(self._seen):
+            try:
+                self._seen[pid] = psutil.Process(pid)
+                self._seen[pid].cpu_percent(None)     # its first reading says nothing; from now on it counts
+            except psutil.Error:
+                pass
+        return [self._seen[pid] for pid in pids if pid in self._seen]
+
+    def _cpu_and_rss(self) -> tuple[float, float]:
+        cpu = rss = 0.0
+        for proc in self._watched():
+            try:
+                cpu, rss = cpu + proc.cpu_percent(None), rss + proc.memory_info().rss
+            except psutil.Error:
+                pass                                  # ended meanwhile
+        return cpu, rss
+
     def _run(self):
+        tick = 0
         while not self._stop.wait(self.interval_s):
-            self.cpu.append(self._proc.cpu_percent(None))
-            self.rss_mb.append(self._proc.memory_info().rss / 2**20)
+            cpu, rss = self._cpu_and_rss()
+            self.cpu.append(cpu)
+            self.rss_mb.append(rss / 2**20)
+            if self._server_probe is not None and tick % self.SERVER_EVERY == 0:
+                try:
+                    self.server.append(self._server_probe())
+                except OSError:
+                    pass                              # a missed reading; a dead server shows in the requests
+            tick += 1
             self.host_mem_percent.append(psutil.virtual_memory().percent)
             if self._gpu is not None:
                 self._sample_gpu()
@@ -94,7 +131,8 @@ class ResourceSampler:
         return {"cpu_percent_mean": mean(self.cpu) or 0.0,
                 "rss_mb_max": peak(self.rss_mb) or psutil.Process().memory_info().rss / 2**20,
                 "gpu_util_mean": mean(self.gpu_util), "gpu_mem_mb_max": peak(self.gpu_mem_mb),
-                "gpu_proc_mem_mb_max": peak(self.gpu_proc_mem_mb), "kv_mb_max": peak(self.kv_mb)}
+                "gpu_proc_mem_mb_max": peak(self.gpu_proc_mem_mb), "kv_mb_max": peak(self.kv_mb),
+                "server_metrics": server_metrics.summarize(self.server) if self._server_probe else None}
 
 
 def nvml_handle(pynvml, torch_index: int):

@@ -98,7 +98,8 @@ def run_soak(server, workload: Workload, cfg, concurrency: int, on_window=lambda
     began = time.perf_counter()
     for i in range(n_warm + n_measured):
         offset = sent % len(prompts)             # keep cycling through the whole workload, window after window
-        with ResourceSampler(min(0.25, cfg.window_s / 8)) as res:
+        # a serving engine's leak is in its server's processes, not in this client
+        with ResourceSampler(min(0.25, cfg.window_s / 8), processes=getattr(server, "processes", None)) as res:
             start = time.perf_counter()
             records = closed_loop(server, prompts[offset:] + prompts[:offset], concurrency, 0, cfg.window_s,
                                    cfg.window_s, cfg.request_timeout_s)

@@ -47,6 +47,8 @@ def metric_series(bench: BenchmarkReport) -> dict[str, list[tuple[int, float]]]:
         put("gpu_mem_mb_max", c, lv.gpu_mem_mb_max)
         put("gpu_proc_mem_mb_max", c, lv.gpu_proc_mem_mb_max)
         put("kv_mb_in_use_max", c, lv.kv_mb_max)
+        for name, value in (lv.server_metrics or {}).items():
+            put(f"server_{name}", c, value)
     if bench.capacity is not None and bench.capacity.concurrency is not None:
         put("sla_capacity_concurrency", 0, bench.capacity.concurrency)
     return out

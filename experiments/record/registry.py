@@ -28,12 +28,11 @@ from omegaconf import OmegaConf
 from experiments.core.cache import locked
 from experiments.core.errors import ConfigError
 from experiments.core.names import Tag
-from experiments.core.recipe import Candidate, Recipe, Target
+from experiments.core.recipe import Recipe
 from experiments.judge.embedding_eval import tokenized
-from experiments.record import tracking
+from experiments.record import packaged, tracking
 from experiments.serving import build_engine
 from experiments.targets import kinds
-from experiments.targets.resolve import model_path
 
 CHAMPION = "champion"
 PACKAGE_NAME = "candidate"
@@ -133,7 +132,7 @@ def _default_name(sweep) -> str:
 def _version_tags(run, rollback_to: str, kind: str) -> dict[str, str]:
     tags = {"rollback_to": rollback_to, "source_run": run.info.run_id, "rung": run.data.tags.get(Tag.RUNG, ""),
             "verdict": run.data.tags.get(Tag.REASON, "")[:MAX_TAG_CHARS],
-            "promoted_at": _now(), "promoted_by": getpass.getuser()}
+            "promoted_at": _now(), "promoted_by": getpass.getuser(), **packaged.server_tags(run.data.tags)}
     return tags | {k: f"{v:.6g}" for k, v in key_metrics(run.data.metrics, kind).items()}
 
 
@@ -220,16 +219,14 @@ class CandidateModel(PythonModel):
     """A promoted candidate: rebuilds its engine from the recipe; predict = greedy continuations."""
 
     def load_context(self, context) -> None:
-        recipe = json.loads(Path(context.artifacts["recipe"]).read_text())
+        package = json.loads(Path(context.artifacts["recipe"]).read_text())
         settings = context.model_config or {}
         cache_dir = Path(settings["cache_dir"])
-        t = recipe["target"]
-        target = Target(t["name"], t["kind"], _model_dir(t, cache_dir))
-        candidate = Candidate(target, Recipe(**recipe["recipe"]), tuple(recipe["rungs"]))
+        candidate = packaged.candidate_of(package, cache_dir)
         self.engine = build_engine(candidate, int(settings.get("threads", 1)), cache_dir / "artefacts")
         if not self.engine.decodes:   # an encoder: its texts are tokenized as the sweep's workload was
-            self.tokenizer = kinds.load_tokenizer(target.model_dir)
-            self.max_tokens = int(t.get("max_tokens") or 128)
+            self.tokenizer = kinds.load_tokenizer(candidate.target.model_dir)
+            self.max_tokens = int(package["target"].get("max_tokens") or 128)
 
     # MLflow enforces SIGNATURE first, so a list of prompts arrives as a one-column DataFrame.
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list:
@@ -250,14 +247,6 @@ class CandidateModel(PythonModel):
                 break
             out.append(token)
         return tokenizer.decode(out, skip_special_tokens=True)
-
-
-def _model_dir(target: dict, cache_dir: Path) -> Path:
-    source = target["source"]
-    if not source.startswith("builtin:") and not Path(source).expanduser().exists():
-        raise ConfigError(f"the promoted model's source {source} does not exist on this machine",
-                          "copy the model folder (or GGUF file) there, or load the model where it was promoted")
-    return model_path(source, target.get("build"), cache_dir)
 
 
 def _prompts(model_input) -> list[str]:

@@ -63,62 +63,82 @@ class EngineEnvironment:
         return (self.folder(home) / READY).is_file()
 
     def ensure(self, home: Path | None = None, note: Callable[[str], None] = print) -> Path:
-        """The environment's python, creating the environment first if it is not there (minutes; once)."""
-        out = self.folder(home)
-        if (out / READY).is_file():
-            return out / "bin" / "python"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with open(out.parent / f".{out.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (out / READY).is_file():
-                note(f"creating the {self.engine} {self.version} environment for {self.device} in {out} "
-                     f"(once per machine: later sweeps and clones reuse it)")
-                self._build(out)
+        """The environment's python, creating the environment first if it is not there (once per machine)."""
+        out = made_once(self.folder(home), self._build, f"the {self.engine} {self.version} environment for "
+                        f"{self.device}", note)
         return out / "bin" / "python"
 
-    def _build(self, out: Path) -> None:
-        for stale in [out, *out.parent.glob(f".{out.name}.partial-*")]:   # a killed build's leftovers (we hold the lock)
+    def _build(self, tmp: Path, log: Step) -> dict:
+        uv = _uv()
+        python = tmp / "bin" / "python"
+        # --relocatable: the folder is renamed into place once complete.
+        log.run([uv, "venv", "--relocatable", "--python", self.python, str(tmp)])
+        log.run([uv, "pip", "install", "--python", str(python), *_pip_sources(), *self.requirements])
+        if self.remove:
+            log.run([uv, "pip", "uninstall", "--python", str(python), *self.remove])
+        log.run([str(python), "-c", f"import {self.check}"],
+                what=f"the environment was made, but `import {self.check}` fails in it")
+        (tmp / LOCKED).write_text(subprocess.run([uv, "pip", "freeze", "--python", str(python)], capture_output=True,
+                                                 text=True, check=True).stdout)
+        return asdict(self)
+
+    def installed(self, home: Path | None = None) -> str:
+        """`uv pip freeze` of the environment: the exact packages a promoted champion runs on."""
+        return (self.folder(home) / LOCKED).read_text()
+
+
+class Step:
+    """Runs a build's commands into its log; a failing one is EngineUnavailable with the log's last lines."""
+
+    def __init__(self, log, log_path: Path, what: str):
+        self.log, self.log_path, self.what = log, log_path, what
+
+    def run(self, command: list[str], what: str = "", cwd: Path | None = None, timeout_s: float = 3600,
+            env: dict[str, str] | None = None) -> None:
+        self.log.write(f"$ {' '.join(command)}\n")
+        self.log.flush()
+        try:
+            done = subprocess.run(command, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  cwd=cwd, timeout=timeout_s, env={**os.environ, **(env or {})})
+            code = done.returncode
+        except FileNotFoundError:
+            raise EngineUnavailable(f"could not make {self.what}: {command[0]} is not installed") from None
+        except subprocess.TimeoutExpired:
+            code = f"none: still running after {timeout_s:g} s"
+        if code != 0:
+            self.log.flush()
+            lines = [line for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()][-12:]
+            raise EngineUnavailable(
+                f"could not make {self.what}: {what or ' '.join(command[:3]) + ' ... exited with code ' + str(code)}"
+                f"; the last lines of {self.log_path}:\n  " + "\n  ".join(lines))
+
+
+def made_once(out: Path, build: Callable[[Path, Step], dict], what: str, note: Callable[[str], None]) -> Path:
+    """`out`, made by build(tmp, step) unless it is there: under a lock, in a `.partial-*` folder renamed into place
+    once complete, with READY (build's dict, the seconds it took, its log) written last."""
+    if (out / READY).is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / READY).is_file():
+            return out
+        note(f"making {what} in {out} (once per machine: later sweeps and clones reuse it)")
+        for stale in [out, *out.parent.glob(f".{out.name}.partial-*")]:   # a killed build's leftovers
             shutil.rmtree(stale, ignore_errors=True)
         log_path = out.parent / f"{out.name}.log"
         tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
         began = time.monotonic()
         try:
             with open(log_path, "w") as log:
-                uv = _uv()
-                python = tmp / "bin" / "python"
-                # --relocatable: the folder is renamed into place once complete.
-                self._run([uv, "venv", "--relocatable", "--python", self.python, str(tmp)], log, log_path)
-                self._run([uv, "pip", "install", "--python", str(python), *_pip_sources(), *self.requirements],
-                          log, log_path)
-                if self.remove:
-                    self._run([uv, "pip", "uninstall", "--python", str(python), *self.remove], log, log_path)
-                self._run([str(python), "-c", f"import {self.check}"], log, log_path,
-                          what=f"the environment was made, but `import {self.check}` fails in it")
-                frozen = subprocess.run([uv, "pip", "freeze", "--python", str(python)], capture_output=True,
-                                        text=True, check=True).stdout
-            (tmp / LOCKED).write_text(frozen)
-            (tmp / READY).write_text(json.dumps({**asdict(self), "seconds": round(time.monotonic() - began, 1),
+                made = build(tmp, Step(log, log_path, what))
+            (tmp / READY).write_text(json.dumps({**made, "seconds": round(time.monotonic() - began, 1),
                                                  "log": str(log_path)}, indent=1))
             tmp.rename(out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-
-    def _run(self, command: list[str], log, log_path: Path, what: str = "") -> None:
-        log.write(f"$ {' '.join(command)}\n")
-        log.flush()
-        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        if done.returncode != 0:
-            log.flush()
-            lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()][-12:]
-            raise EngineUnavailable(
-                f"could not create the {self.engine} {self.version} environment ({self.device}): "
-                f"{what or ' '.join(command[:3]) + ' ... exited with code ' + str(done.returncode)}; the last lines "
-                f"of {log_path}:\n  " + "\n  ".join(lines))
-
-    def installed(self, home: Path | None = None) -> str:
-        """`uv pip freeze` of the environment: the exact packages a promoted champion runs on."""
-        return (self.folder(home) / LOCKED).read_text()
+    return out
 
 
 def _uv() -> str:

@@ -122,6 +122,16 @@ class ServerProcess:
         code = self._exit_code()
         return None if code is None else Ended(code, _last_lines(self.log_path), self.log_path)
 
+    def pids(self) -> list[int]:
+        """The server's process and its descendants (engine workers), while it runs."""
+        if not self.alive():
+            return []
+        try:
+            root = psutil.Process(self._proc.pid)
+            return [root.pid, *(p.pid for p in root.children(recursive=True))]
+        except psutil.Error:
+            return []
+
     def pause(self) -> None:
         """SIGSTOP to the whole group; returns once its processes have stopped, so none of it runs meanwhile."""
         if self._signal(signal.SIGSTOP):

@@ -9,7 +9,6 @@ from experiments.serving.batching import BatchingServer
 from experiments.serving.continuous import ContinuousServer
 from experiments.serving.encoder_batching import EncoderBatchServer
 from experiments.serving.engine import Engine
-from experiments.serving.http_client import EndpointServer
 from experiments.serving.iteration import IterationServer
 from experiments.serving.queue_server import QueueServer, Server
 
@@ -48,7 +47,7 @@ def serve(engine: Engine) -> Server:
     """The server for the engine's recipe: one request at a time, or a batching scheduler; for a serving engine,
     our endpoint client in front of its own server (which schedules and batches by itself)."""
     if isinstance(engine, ServedEngine):
-        return EndpointServer(engine.url, engine.served_name, "ids", timeout_s=SERVED_REQUEST_TIMEOUT_S)
+        return engine.endpoint(SERVED_REQUEST_TIMEOUT_S)
     recipe = getattr(engine, "recipe", None)
     if recipe is None or recipe.batching == "none":
         return SequentialServer(engine)

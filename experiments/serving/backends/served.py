@@ -7,6 +7,7 @@ greedy answers. Nothing of the model runs in the ladder's processes.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -19,6 +20,8 @@ import numpy as np
 from experiments.core.recipe import Candidate
 from experiments.judge.fidelity import TopLogprobs
 from experiments.serving.engine import Engine
+from experiments.serving.http_client import EndpointServer
+from experiments.serving.server_metrics import MetricNames, scrape
 from experiments.serving.server_process import ServerProcess
 
 # A proxy from the environment must not stand in for the server on 127.0.0.1.
@@ -30,16 +33,20 @@ class ServedEngine(Engine):
     """An engine whose model runs in a server process of its own. Subclasses say how to start it."""
     startup_timeout_s = 600.0
     top_k = 20                       # prompt log-probs per position the server returns (fidelity's basis)
+    metric_names: MetricNames | None = None     # what its /metrics calls running, waiting, KV use, preemptions
 
-    def __init__(self, cand: Candidate, threads: int, artefact_root: Path):
+    def __init__(self, cand: Candidate, threads: int, artefact_root: Path, *, host: str = "127.0.0.1",
+                 port: int | None = None):
+        """host and port: where `roi-ladder serve` puts a champion; a measurement takes a free port on loopback."""
         self.require_buildable(cand)
         self.cand, self.recipe, self.threads = cand, cand.recipe, threads
-        self.served_name = cand.target.name
+        self.served_name, self.artefact_root = cand.target.name, Path(artefact_root)
         began = time.monotonic()
         command, env = self.server_command(cand, threads)
+        command = [host if arg == "127.0.0.1" else arg for arg in command]
         self.environment_s = time.monotonic() - began
         log_path = Path(artefact_root) / "server-logs" / f"{self.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-        self.process = ServerProcess(command, log_path, env=env)
+        self.process = ServerProcess(command, log_path, env=env, port=port)
         self.process.start(self.startup_timeout_s)
         self.startup_s = self.process.startup_s
         self.build_seconds = self.environment_s + self.startup_s
@@ -58,6 +65,10 @@ class ServedEngine(Engine):
     @property
     def url(self) -> str:
         return self.process.url
+
+    def endpoint(self, timeout_s: float) -> "ServedEndpoint":
+        """What the load ladder drives (servers.serve): our endpoint client in front of the server."""
+        return ServedEndpoint(self, timeout_s)
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Iterator[tuple[int, float]]:
         """Greedy, stop tokens ignored, one request; the seconds per token are the request's mean (a server
@@ -96,14 +107,24 @@ class ServedEngine(Engine):
         self.process.stop()
 
     # --- helpers ----------------------------------------------------------------------------------------
+    @functools.cached_property
+    def tokenizer(self):
+        """The target's tokenizer, for a promoted champion's text prompts (registry.CandidateModel)."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.cand.target.model_dir)
+
     def context_length(self) -> int:
         config = json.loads((Path(self.cand.target.model_dir) / "config.json").read_text())
         return int(config.get("max_position_embeddings", 2048))
 
     def _complete(self, prompt_ids: list[int], **fields) -> dict:
-        body = {"model": self.served_name, "prompt": list(prompt_ids), "temperature": 0.0,
-                "return_tokens_as_token_ids": True, **fields}
-        request = urllib.request.Request(f"{self.url}/v1/completions", json.dumps(body).encode(),
+        """POST /v1/completions, greedy, vLLM's way of naming tokens by id."""
+        return self._post("/v1/completions", {"model": self.served_name, "prompt": list(prompt_ids),
+                                              "temperature": 0.0, "return_tokens_as_token_ids": True, **fields})
+
+    def _post(self, path: str, body: dict) -> dict:
+        request = urllib.request.Request(f"{self.url}{path}", json.dumps(body).encode(),
                                          {"Content-Type": "application/json"})
         try:
             with _OPENER.open(request, timeout=REQUEST_TIMEOUT_S) as resp:
@@ -114,6 +135,17 @@ class ServedEngine(Engine):
             if ended := self.process.died():
                 raise RuntimeError(ended.describe(" during a request")) from None
             raise RuntimeError(f"{self.name} at {self.url} failed a request: {exc}") from None
+
+
+class ServedEndpoint(EndpointServer):
+    """Our endpoint client in front of a serving engine's server; it also names the server's processes (their
+    CPU and memory are the engine's, ResourceSampler) and reads the server's own metrics."""
+
+    def __init__(self, engine: ServedEngine, timeout_s: float):
+        super().__init__(engine.url, engine.served_name, "ids", timeout_s=timeout_s)
+        self.processes = engine.process.pids
+        names = engine.metric_names
+        self.server_probe = (lambda: scrape(engine.url, names)) if names else None
 
 
 class ServerLogprobs:

@@ -32,7 +32,8 @@ class CausalLMKind(Kind):
     engines = {"torch": "experiments.serving.backends.pytorch.causal_lm:TorchEngine",
                "onnxruntime": "experiments.serving.backends.onnxruntime.causal_lm:OrtGenaiEngine",
                "openvino": "experiments.serving.backends.openvino.causal_lm:OpenVinoCausalLM",
-               "vllm": "experiments.serving.backends.vllm.causal_lm:VllmEngine"}
+               "vllm": "experiments.serving.backends.vllm.causal_lm:VllmEngine",
+               "llama.cpp": "experiments.serving.backends.llama_cpp.causal_lm:LlamaCppEngine"}
     # torch with recipe.cuda_graph: the decode step replayed from a captured graph
     cuda_graph_engine = "experiments.serving.backends.pytorch.cuda_graph:CudaGraphEngine"
     folders = "causal LMs (*ForCausalLM)"

