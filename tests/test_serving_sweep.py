@@ -22,8 +22,8 @@ def sweep(model_dir, tmp_path_factory):
     before = our_processes()
     cmd = [sys.executable, "-m", "experiments.cli", "sweep", "profile=quick", "ladder=serving", f"data_dir={data}",
            f"cache_dir={SHARED_CACHE}", "~rung@ladder.rungs.onnxruntime", "~rung@ladder.rungs.half_precision",
-           "~rung@ladder.rungs.prefix_caching",
-           "accuracy=none"]
+           "~rung@ladder.rungs.prefix_caching", "~rung@ladder.rungs.llama_cpp", "~rung@ladder.rungs.int8",
+           "~rung@ladder.rungs.int4"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     left = our_processes() - before
@@ -53,6 +53,7 @@ def test_serve_runs_vllms_own_server_and_ctrl_c_ends_it(model_dir, tmp_path):
     before = our_processes()
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", "serve", "--rungs", "vllm", "--port", str(port),
+                             "ladder=serving",
                              f"data_dir={tmp_path}", f"cache_dir={SHARED_CACHE}"], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
