@@ -4,7 +4,7 @@ from experiments.core.recipe import Candidate, Env
 from experiments.serving import refusal
 from optimizers.base import Optimizer
 
-SERVING_ENGINES = ("vllm", "llama.cpp")
+SERVING_ENGINES = ("vllm", "llama.cpp", "sglang", "tensorrt-llm")
 
 
 class ServingEngineSwap(Optimizer):
@@ -19,7 +19,7 @@ class ServingEngineSwap(Optimizer):
             raise ValueError(f"max_num_seqs must be >= 1 and max_num_batched_tokens >= 0 (got {max_num_seqs}, "
                              f"{max_num_batched_tokens})")
         self.engine = engine
-        self.name = engine.replace(".", "_")       # llama.cpp -> llama_cpp: a rung's name is a config key
+        self.name = engine.replace(".", "_").replace("-", "_")   # llama.cpp -> llama_cpp: a rung's name is a key
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
 
     def check(self, env: Env, cand: Candidate) -> str | None:

@@ -268,3 +268,12 @@ def test_the_llama_cpp_swap_and_its_quantization_rungs():
     assert WeightQuantization("int8").check(CPU, served) is None        # Q8_0 by llama-quantize
     assert WeightQuantization("int4").check(CPU, served) is None        # Q4_K_M
     assert "already runs in llama.cpp" in swap.check(CPU, served)
+
+
+@pytest.mark.parametrize("engine, says", [("sglang", "SGLang serves on a CUDA device"),
+                                          ("tensorrt-llm", "TensorRT-LLM serves on a CUDA device only")])
+def test_gpu_only_serving_engines_are_skipped_on_a_cpu_champion_with_the_reason(engine, says):
+    swap = ServingEngineSwap(engine)
+    assert says in swap.check(CPU, candidate(engine="onnxruntime"))
+    on_gpu = candidate(engine="torch", execution_provider="cuda", precision="bf16")
+    assert swap.check(GPU, on_gpu) is None and swap.apply(on_gpu).recipe.engine == engine

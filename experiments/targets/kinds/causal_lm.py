@@ -33,7 +33,9 @@ class CausalLMKind(Kind):
                "onnxruntime": "experiments.serving.backends.onnxruntime.causal_lm:OrtGenaiEngine",
                "openvino": "experiments.serving.backends.openvino.causal_lm:OpenVinoCausalLM",
                "vllm": "experiments.serving.backends.vllm.causal_lm:VllmEngine",
-               "llama.cpp": "experiments.serving.backends.llama_cpp.causal_lm:LlamaCppEngine"}
+               "llama.cpp": "experiments.serving.backends.llama_cpp.causal_lm:LlamaCppEngine",
+               "sglang": "experiments.serving.backends.sglang.causal_lm:SglangEngine",
+               "tensorrt-llm": "experiments.serving.backends.tensorrt_llm.causal_lm:TensorRtLlmEngine"}
     # torch with recipe.cuda_graph: the decode step replayed from a captured graph
     cuda_graph_engine = "experiments.serving.backends.pytorch.cuda_graph:CudaGraphEngine"
     folders = "causal LMs (*ForCausalLM)"

@@ -1,0 +1,2 @@
+"""TensorRT-LLM: `trtllm-serve`, NVIDIA's OpenAI-compatible server; CUDA only, and its TensorRT wheels come from
+NVIDIA's own package index."""
