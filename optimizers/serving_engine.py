@@ -10,9 +10,15 @@ SERVING_ENGINES = ("vllm", "llama.cpp", "sglang", "tensorrt-llm")
 class ServingEngineSwap(Optimizer):
     cost = "zero"
 
-    def __init__(self, engine: str, max_num_seqs: int = 16, max_num_batched_tokens: int = 0):
+    def __init__(self, engine: str, max_num_seqs: int = 16, max_num_batched_tokens: int = 0,
+                 tensor_parallel: int = 1, pipeline_parallel: int = 1):
         """max_num_seqs: requests the server runs at once (its continuous batch); max_num_batched_tokens:
-        prefill + decode tokens per step (0: the engine's default)."""
+        prefill + decode tokens per step (0: the engine's default); tensor_parallel x pipeline_parallel: the
+        devices one replica spans (the capacity plan counts them)."""
+        if tensor_parallel < 1 or pipeline_parallel < 1:
+            raise ValueError(f"tensor_parallel and pipeline_parallel must be >= 1 (got {tensor_parallel}, "
+                             f"{pipeline_parallel})")
+        self.tensor_parallel, self.pipeline_parallel = tensor_parallel, pipeline_parallel
         if engine not in SERVING_ENGINES:
             raise ValueError(f"engine must be one of {SERVING_ENGINES}, got {engine!r}")
         if max_num_seqs < 1 or max_num_batched_tokens < 0:
@@ -22,17 +28,26 @@ class ServingEngineSwap(Optimizer):
         self.name = engine.replace(".", "_").replace("-", "_")   # llama.cpp -> llama_cpp: a rung's name is a key
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
 
+    def machine_check(self, env: Env) -> str | None:
+        # tensor parallelism needs its devices on this node; pipeline stages may live on others (Ray)
+        if self.tensor_parallel > 1 and (env.cuda_device_count or 0) < self.tensor_parallel:
+            return (f"tensor_parallel={self.tensor_parallel} needs {self.tensor_parallel} CUDA devices on this "
+                    f"node; it has {env.cuda_device_count or 0}")
+        return None
+
     def check(self, env: Env, cand: Candidate) -> str | None:
+        if reason := self.machine_check(env):
+            return reason
         recipe = cand.recipe
         if recipe.engine == self.engine:
             return f"the champion already runs in {self.engine}"
-        if recipe.quantization != "none":
-            return (f"the champion's weights are {recipe.quantization} in {recipe.engine}; the swap serves the "
-                    f"target's own weights (quantization comes after the engine swap)")
         return refusal(self.apply(cand))
 
     def apply(self, cand: Candidate) -> Candidate:
-        # torch-only settings do not carry over; the server schedules its own continuous batch.
+        # torch-only settings do not carry over; the server schedules its own continuous batch. Precision and
+        # quantization do: llama.cpp makes Q8_0 / Q4_K_M from the target's weights for an int8 / int4 champion,
+        # an engine that cannot quantize so says why.
         return cand.edited(self.name, engine=self.engine, compile="none", cuda_graph=False, batching="continuous",
                            max_batch=self.max_num_seqs, max_tokens_per_step=self.max_num_batched_tokens,
-                           prefix_caching=False)
+                           prefix_caching=False, tensor_parallel=self.tensor_parallel,
+                           pipeline_parallel=self.pipeline_parallel)

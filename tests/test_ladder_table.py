@@ -51,3 +51,18 @@ def test_an_accuracy_delta_pairs_the_documents_the_rung_scored():
                        champion_before=base, accuracy=[first(champion, 400)])
     assert before_summary(rung, 1)["accuracy"] == 0.75 and base.summary(1)["accuracy"] == 0.5
     assert cell(rung.summary(1), before_summary(rung, 1), "accuracy", "%.3f") == "0.750 (+0 %)"
+
+
+def test_the_table_says_how_far_single_stream_decode_is_from_the_bandwidth_floor():
+    import numpy as np
+    import pytest
+
+    from experiments.core.stats import LatencyStats
+
+    base = RungOutcome("baseline", Verdict("accepted", "first"), bench=bench_with_e2e([100] * 10),
+                       decode_floor_ms=2.0)
+    base.bench.levels[0].stats["tpot_ms"] = LatencyStats.from_samples(np.array([10.0] * 10), 0.95)
+    assert base.summary(1)["tpot_over_floor"] == pytest.approx(5.0)
+    table = markdown_table([base], 1)
+    assert "TPOT ÷ bandwidth floor" in table.splitlines()[0] and "| ×5.0 |" in table
+    assert "bandwidth floor" not in markdown_table(outcomes(), 1)      # no roofline placed: no column

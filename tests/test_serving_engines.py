@@ -112,7 +112,10 @@ def test_the_swap_serves_the_champions_precision_with_continuous_batching():
     assert (served.engine, served.precision, served.batching, served.max_batch, served.prefix_caching) == \
         ("vllm", "fp32", "continuous", 16, False)
     assert "already runs in vllm" in swap.check(CPU, swap.apply(ort))
-    assert "weights are int8" in swap.check(CPU, candidate(engine="onnxruntime", quantization="int8"))
+    assert "vLLM quantizes to fp8 on a GPU here" in swap.check(CPU, candidate(engine="onnxruntime", quantization="int8"))
+    q8 = ServingEngineSwap("llama.cpp").apply(candidate(engine="onnxruntime", quantization="int8"))
+    assert ServingEngineSwap("llama.cpp").check(CPU, candidate(engine="onnxruntime", quantization="int8")) is None
+    assert q8.recipe.quantization == "int8"                                  # served as Q8_0
     with pytest.raises(ValueError, match="engine must be one of"):
         ServingEngineSwap("tgi")
 
@@ -277,3 +280,57 @@ def test_gpu_only_serving_engines_are_skipped_on_a_cpu_champion_with_the_reason(
     assert says in swap.check(CPU, candidate(engine="onnxruntime"))
     on_gpu = candidate(engine="torch", execution_provider="cuda", precision="bf16")
     assert swap.check(GPU, on_gpu) is None and swap.apply(on_gpu).recipe.engine == engine
+
+
+# --- serving engines' own settings: KV-cache type, n-gram speculation, parallelism -----------------------------
+def test_kv_cache_type_and_ngram_speculation_become_each_engines_flags():
+    from experiments.serving.backends.llama_cpp.causal_lm import command as llama_command
+    from optimizers.kv_cache_dtype import KvCacheDtype
+    from optimizers.speculative import NgramSpeculation
+
+    llama = ServingEngineSwap("llama.cpp").apply(candidate())
+    kv, spec = KvCacheDtype(), NgramSpeculation()
+    assert kv.check(CPU, llama) is None and spec.check(CPU, llama) is None
+    args = llama_command(spec.apply(kv.apply(llama)), Path("llama-server"), Path("m.gguf"), 2, 8192)
+    assert flags(args)["--cache-type-k"] == "q8_0" and flags(args)["--flash-attn"] == "on"
+    assert flags(args)["--spec-type"] == "ngram-simple" and args[args.index("-c") + 1] == str(2048 * 16)
+    served = ServingEngineSwap("vllm").apply(candidate())
+    assert "fp8 on a GPU here" in kv.check(CPU, served)                   # vLLM on CPU: no fp8 KV cache
+    speculative = flags(command(spec.apply(served), "py"))
+    assert '"method": "ngram"' in speculative["--speculative-config"]
+    on_gpu = ServingEngineSwap("vllm").apply(candidate(execution_provider="cuda", precision="bf16"))
+    assert flags(command(kv.apply(on_gpu), "py"))["--kv-cache-dtype"] == "fp8"
+    for in_process in (candidate(), candidate(engine="onnxruntime")):     # in process: skipped, saying why
+        assert "a serving engine's setting" in kv.check(CPU, in_process)
+        assert "a serving engine's setting" in spec.check(CPU, in_process)
+
+
+def test_parallel_sizes_reach_vllm_and_the_capacity_plan_counts_devices():
+    from omegaconf import OmegaConf
+
+    from experiments.analyse.capacity import plan
+    from experiments.serving.backends.vllm.causal_lm import server_env
+
+    swap = ServingEngineSwap("vllm", tensor_parallel=2, pipeline_parallel=2)
+    assert "needs 2 CUDA devices on this node; it has 1" in swap.check(GPU, candidate(execution_provider="cuda"))
+    four = Env(cuda=True, cuda_capability=(9, 0), cpu_count=64, cuda_device_count=4)
+    cand = swap.apply(candidate(execution_provider="cuda", precision="bf16"))
+    assert swap.check(four, candidate(execution_provider="cuda", precision="bf16")) is None
+    args = flags(command(cand, "py"))
+    assert args["--tensor-parallel-size"] == "2" and args["--pipeline-parallel-size"] == "2"
+    assert args["--distributed-executor-backend"] == "ray"
+    assert server_env(cand)["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert "split a model across GPUs" in refusal(ServingEngineSwap("vllm", tensor_parallel=2).apply(candidate()))
+
+    class Level:
+        concurrency, n_ok, qps = 4, 10, 10.0
+
+        def values(self, metric):
+            return np.array([400.0] * 10) if metric == "e2e_ms" else np.array([16.0] * 10)
+
+    bench = type("Bench", (), {"levels": [Level()]})
+    cfg = OmegaConf.load(Path(__file__).parents[1] / "conf" / "capacity" / "default.yaml")
+    cfg.sla_tier = "offline"
+    one, four_devices = plan(bench, cfg), plan(bench, cfg, devices_per_replica=4)
+    assert four_devices.replicas == one.replicas and four_devices.devices == 4 * one.replicas
+    assert four_devices.cost_per_hour == pytest.approx(4 * one.cost_per_hour)

@@ -24,6 +24,8 @@ class CapacityPlan:
     qps_per_replica: float
     mean_output_tokens: float
     replicas: int
+    devices_per_replica: int           # tensor x pipeline parallel: what one replica occupies
+    devices: int
     cost_per_hour: float
     cost_per_million_output_tokens: float
     scale_up_queue_depth: int
@@ -46,7 +48,8 @@ def check_config(cfg) -> list:
     return parse_all(cfg.tiers[cfg.sla_tier])
 
 
-def plan(bench, cfg) -> CapacityPlan:
+def plan(bench, cfg, devices_per_replica: int = 1) -> CapacityPlan:
+    """price_per_replica_hour is a one-device replica's: a replica over N devices costs N times as much."""
     slos = check_config(cfg)
     meeting = [lv for lv in bench.levels if lv.n_ok and all(s.met_by(lv) for s in slos)]
     if not meeting:
@@ -59,12 +62,13 @@ def plan(bench, cfg) -> CapacityPlan:
     out_tokens = float(best.values("output_tokens").mean())
     base = math.ceil(cfg.peak_qps * e2e_s / best.concurrency - 1e-9)
     replicas = math.ceil(base * cfg.headroom - 1e-9)
-    cost_hour = replicas * cfg.price_per_replica_hour
+    cost_hour = replicas * devices_per_replica * cfg.price_per_replica_hour
     tokens_hour = cfg.peak_qps * out_tokens * 3600
     auto = cfg.autoscaling
     return CapacityPlan(
         tier=cfg.sla_tier, slos=tuple(s.text for s in slos), concurrency_at_sla=best.concurrency,
         mean_request_s=e2e_s, qps_per_replica=best.concurrency / e2e_s, mean_output_tokens=out_tokens,
-        replicas=replicas, cost_per_hour=cost_hour, cost_per_million_output_tokens=cost_hour / tokens_hour * 1e6,
+        replicas=replicas, devices_per_replica=devices_per_replica, devices=replicas * devices_per_replica,
+        cost_per_hour=cost_hour, cost_per_million_output_tokens=cost_hour / tokens_hour * 1e6,
         scale_up_queue_depth=max(1, math.ceil(auto.scale_up_fraction * best.concurrency)),
         scale_down_queue_depth=math.floor(auto.scale_down_fraction * best.concurrency), note=note)

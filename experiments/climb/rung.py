@@ -142,7 +142,7 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
         measured = _measure(cand, sweep, name, apart)
         outcome.bench, outcome.accuracy, outcome.fidelity = measured.bench, measured.accuracy, measured.fidelity
         rung_log.log_measurements(outcome)
-        outcome.capacity = _capacity_plan(outcome.bench, cfg.capacity)
+        outcome.capacity = _capacity_plan(outcome.bench, cfg.capacity, cand.recipe.devices_per_replica)
         if champion is None:
             outcome.verdict = Verdict("accepted", "baseline: the first champion, measured as is")
         else:
@@ -348,10 +348,10 @@ def _soak_skipped(criteria: list[Criterion], cfg) -> str | None:
     return None if cfg.soak.enabled else "soak.enabled=false"
 
 
-def _capacity_plan(bench, cfg_capacity):
+def _capacity_plan(bench, cfg_capacity, devices_per_replica: int):
     """The plan this rung's measurements imply, or None where no level met the tier (said, not invented)."""
     try:
-        result = plan(bench, cfg_capacity)
+        result = plan(bench, cfg_capacity, devices_per_replica)
     except ValueError as exc:
         rung_log.log_capacity(None, cfg_capacity, str(exc))
         return None

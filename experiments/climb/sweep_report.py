@@ -35,6 +35,9 @@ def diagnose_sweep(outcomes: list[RungOutcome], champion: RungOutcome | None, sw
         if o.bench is None or o.candidate is None or not o.run_id:
             continue
         try:
+            if (alone := _place_on_roofline(o.candidate, cfg.target.workload, hardware, batch=1)) is not None:
+                o.decode_floor_ms = alone.decode.min_seconds_per_token * 1e3
+                client.log_metric(o.run_id, "roofline/decode_floor_ms_c1", o.decode_floor_ms)
             found[o.name] = diagnose.diagnose(o.bench, _place_on_roofline(o.candidate, cfg.target.workload,
                                               hardware), rules, o.candidate.rungs, tried, names)
             diagnose.log_to_run(client, o.run_id, found[o.name])
@@ -111,14 +114,15 @@ def sweep_figures(outcomes: list[RungOutcome], champion: RungOutcome | None, cfg
             "plots/pareto_latency_accuracy.png": plots.pareto(outcomes, obj.metric, obj.stat, level)}
 
 
-def _place_on_roofline(cand, workload, hardware):
-    """The candidate's model and recipe on `hardware`'s roofline, for the target's longest prompt and context;
-    None where the roofline's counts do not fit the target's kind (they count a decoder's layers)."""
+def _place_on_roofline(cand, workload, hardware, batch: int | None = None):
+    """The candidate's model and recipe on `hardware`'s roofline, for the target's longest prompt and context, at
+    `batch` decoding sequences (default: the recipe's batch); None where the roofline's counts do not fit the
+    target's kind (they count a decoder's layers)."""
     recipe = cand.recipe
     shape = kind_of(cand.target.kind).roofline_shape(cand.target.model_dir)
     if shape is None:
         return None
     return roofline.Roofline.analyse(
         shape, hardware, *roofline.weight_and_kv_bytes(recipe.precision, recipe.quantization),
-        prefill_tokens=max(workload.input_tokens), decode_batch=max(1, recipe.max_batch),
+        prefill_tokens=max(workload.input_tokens), decode_batch=batch or max(1, recipe.max_batch),
         context=max(workload.input_tokens) + max(workload.output_tokens))

@@ -37,6 +37,15 @@ class Recipe:
     # scheduler over a left-padded batched KV cache, experiments/serving/iteration.py). Runs logged before
     # this field ran transformers', hence the default.
     scheduler: str = "transformers"
+    # Serving engines only (vLLM, llama.cpp, SGLang, TensorRT-LLM); each engine says which values it takes.
+    kv_cache_dtype: str = "auto"     # auto (the model's precision) | int8 | fp8: the KV cache's stored type
+    speculative: str = "none"        # none | ngram: draft tokens looked up in the prompt, verified in one step
+    tensor_parallel: int = 1         # devices one replica's layers are split across
+    pipeline_parallel: int = 1       # stages one replica's layers are cut into (vLLM: Ray beyond one node)
+
+    @property
+    def devices_per_replica(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel
 
 
 @dataclass(frozen=True)

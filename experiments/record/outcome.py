@@ -23,6 +23,7 @@ class RungOutcome:
     fidelity: FidelityReport | None = None
     run_id: str | None = None
     champion_before: "RungOutcome | None" = None
+    decode_floor_ms: float | None = None   # the memory-bandwidth floor of one stream's decode step (roofline)
 
     def summary(self, top_concurrency: int) -> dict[str, float]:
         """The ladder table's numbers: each latency's P50 at the first level, the kind's throughput at the top."""
@@ -31,6 +32,8 @@ class RungOutcome:
         c1, top = self.bench.levels[0], self.bench.level(top_concurrency)
         out = {f"{m}_p50": st.p50.value for m, st in c1.stats.items() if st is not None}
         out["throughput"] = kind_of(self.bench.kind).throughput(top)
+        if self.decode_floor_ms and "tpot_ms_p50" in out:
+            out["tpot_over_floor"] = out["tpot_ms_p50"] / self.decode_floor_ms
         if self.accuracy:
             out["accuracy"] = self.accuracy[0].value
         return out
@@ -50,7 +53,11 @@ def table_columns(outcomes: list[RungOutcome], top: int) -> list[tuple[str, str,
     out (TTFT and TPOT for a decoder, E2E and embeddings/s for an encoder)."""
     kind = next((o.bench.kind for o in outcomes if o.bench is not None), None) or \
         next((o.candidate.target.kind for o in outcomes if o.candidate is not None), DEFAULT_KIND)
-    return kind_of(kind).columns(top)
+    columns = kind_of(kind).columns(top)
+    if any(o.decode_floor_ms for o in outcomes):
+        # how far each engine's single-stream decode is from what the machine's memory bandwidth allows
+        columns.insert(2, ("tpot_over_floor", "TPOT ÷ bandwidth floor", "×%.1f"))
+    return columns
 
 
 def markdown_table(outcomes: list[RungOutcome], top: int) -> str:

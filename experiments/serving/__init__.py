@@ -7,6 +7,7 @@ from importlib import import_module
 from pathlib import Path
 
 from experiments.core.recipe import Candidate
+from experiments.serving.backends.served import ServedEngine
 from experiments.serving.engine import Engine
 from experiments.targets.kinds import kind_of
 
@@ -29,9 +30,24 @@ def engine_class(cand: Candidate) -> type[Engine]:
 def refusal(cand: Candidate) -> str | None:
     """Why no engine here builds the candidate's recipe, or None: the engine's own answer (Engine.refuses)."""
     try:
-        return engine_class(cand).refuses(cand)
+        cls = engine_class(cand)
     except ValueError as no_engine:
         return str(no_engine)
+    if not issubclass(cls, ServedEngine) and (reason := served_only(cand.recipe)):
+        return reason
+    return cls.refuses(cand)
+
+
+def served_only(recipe) -> str | None:
+    """What only a serving engine's own server does here: KV-cache types, speculative decoding, parallelism."""
+    r, where = recipe, f"the champion runs {recipe.engine}, in process"
+    if r.kv_cache_dtype != "auto":
+        return f"a {r.kv_cache_dtype} KV cache is a serving engine's setting (vLLM, llama.cpp); {where}"
+    if r.speculative != "none":
+        return f"{r.speculative} speculative decoding is a serving engine's setting (vLLM, llama.cpp); {where}"
+    if r.devices_per_replica > 1:
+        return f"tensor and pipeline parallelism are vLLM's, SGLang's and TensorRT-LLM's; {where}"
+    return None
 
 
 def continuous_changes(cand: Candidate, scheduler: str) -> dict:

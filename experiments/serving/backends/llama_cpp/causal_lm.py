@@ -56,6 +56,12 @@ class LlamaCppEngine(ServedEngine):
                     f"fp32, bf16, fp16, or int8 -> Q8_0 and int4 -> Q4_K_M from fp32 weights)")
         if r.batching in ("static", "dynamic"):
             return "llama-server batches continuously over its slots; its batching rung is continuous_batching"
+        if r.kv_cache_dtype not in ("auto", "int8"):
+            return f"llama.cpp's KV cache here is the model's precision or int8 (q8_0), not {r.kv_cache_dtype}"
+        if r.speculative not in ("none", "ngram"):
+            return f"llama-server's speculative decoding here is n-gram lookup, not {r.speculative}"
+        if r.devices_per_replica > 1:
+            return "llama.cpp here serves on one CPU: no tensor or pipeline parallelism"
         return None
 
     @classmethod
@@ -65,14 +71,7 @@ class LlamaCppEngine(ServedEngine):
     def server_command(self, cand: Candidate, threads: int) -> tuple[list[str], dict[str, str]]:
         build = LlamaCppBuild().ensure(engines_home())
         self.gguf = self._gguf(build, cand)
-        r = cand.recipe
-        slots = r.max_batch if r.batching == "continuous" else 1
-        context = min(self.context_length(), MAX_CONTEXT)
-        command = [str(build / "bin" / "llama-server"), "-m", str(self.gguf), "--alias", cand.target.name,
-                   "--host", "127.0.0.1", "--port", "{port}", "--parallel", str(slots), "-c", str(context * slots),
-                   "--threads", str(threads), "--metrics", "--no-webui",
-                   "--cache-prompt" if r.prefix_caching else "--no-cache-prompt"]
-        return command, {}
+        return command(cand, build / "bin" / "llama-server", self.gguf, threads, self.context_length()), {}
 
     def _gguf(self, build: Path, cand: Candidate) -> Path:
         kind = gguf_type(cand.recipe)
@@ -130,6 +129,21 @@ class LlamaCppEngine(ServedEngine):
 
     def _native(self, prompt_ids: list[int], **fields) -> dict:
         return self._post("/completion", {"prompt": [int(t) for t in prompt_ids], "temperature": 0.0, **fields})
+
+
+def command(cand: Candidate, server: Path, gguf: Path, threads: int, model_context: int) -> list[str]:
+    r = cand.recipe
+    slots = r.max_batch if r.batching == "continuous" else 1
+    context = min(model_context, MAX_CONTEXT)
+    args = [str(server), "-m", str(gguf), "--alias", cand.target.name, "--host", "127.0.0.1", "--port", "{port}",
+            "--parallel", str(slots), "-c", str(context * slots), "--threads", str(threads), "--metrics",
+            "--no-webui", "--cache-prompt" if r.prefix_caching else "--no-cache-prompt"]
+    if r.kv_cache_dtype == "int8":
+        # a quantized V cache needs flash attention
+        args += ["--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--flash-attn", "on"]
+    if r.speculative == "ngram":
+        args += ["--spec-type", "ngram-simple"]
+    return args
 
 
 class ForcedLogprobs:

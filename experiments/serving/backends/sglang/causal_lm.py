@@ -30,6 +30,8 @@ class SglangEngine(ServedEngine):
             return "torch.compile compiles the torch engine; SGLang compiles its own graphs"
         if r.precision not in DTYPES or r.quantization not in ("none", "fp8"):
             return f"SGLang here runs fp32, bf16 or fp16, with fp8 weights at most (not {r.quantization})"
+        if r.kv_cache_dtype != "auto" or r.speculative != "none":
+            return f"{cls.name}'s KV-cache types and speculative decoding are not wired here yet"
         if r.batching in ("static", "dynamic"):
             return "SGLang batches continuously; its batching rung is continuous_batching"
         return None
@@ -52,7 +54,12 @@ class SglangEngine(ServedEngine):
             args.append("--disable-cuda-graph")
         if r.quantization == "fp8":
             args += ["--quantization", "fp8"]
-        return args, {"CUDA_VISIBLE_DEVICES": str(r.cuda_device)}
+        if r.tensor_parallel > 1:
+            args += ["--tp-size", str(r.tensor_parallel)]
+        if r.pipeline_parallel > 1:
+            args += ["--pp-size", str(r.pipeline_parallel)]
+        devices = range(r.cuda_device, r.cuda_device + r.devices_per_replica)
+        return args, {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices))}
 
     def described(self) -> dict[str, str]:
         return {**super().described(), "version": ENVIRONMENT.version, "environment": str(ENVIRONMENT.folder()),

@@ -28,6 +28,8 @@ class TensorRtLlmEngine(ServedEngine):
             return "torch.compile compiles the torch engine; TensorRT-LLM builds its own engine"
         if r.precision not in DTYPES or r.quantization not in ("none", "fp8"):
             return f"TensorRT-LLM here runs fp32, bf16 or fp16, with fp8 weights at most (not {r.quantization})"
+        if r.kv_cache_dtype != "auto" or r.speculative != "none":
+            return f"{cls.name}'s KV-cache types and speculative decoding are not wired here yet"
         if r.batching in ("static", "dynamic"):
             return "TensorRT-LLM batches in flight (continuously); its batching rung is continuous_batching"
         return None
@@ -43,7 +45,12 @@ class TensorRtLlmEngine(ServedEngine):
                 "--port", "{port}", "--backend", "pytorch", "--served_model_name", cand.target.name]
         if r.batching == "continuous" and r.max_batch > 1:
             args += ["--max_batch_size", str(r.max_batch)]
-        return args, {"CUDA_VISIBLE_DEVICES": str(r.cuda_device)}
+        if r.tensor_parallel > 1:
+            args += ["--tp_size", str(r.tensor_parallel)]
+        if r.pipeline_parallel > 1:
+            args += ["--pp_size", str(r.pipeline_parallel)]
+        devices = range(r.cuda_device, r.cuda_device + r.devices_per_replica)
+        return args, {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices))}
 
     def described(self) -> dict[str, str]:
         return {**super().described(), "version": ENVIRONMENT.version, "environment": str(ENVIRONMENT.folder()),

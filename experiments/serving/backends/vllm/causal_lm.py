@@ -8,6 +8,8 @@ quantization fp8 -> --quantization fp8 (CUDA). Facts measured here are in ../sha
 """
 from __future__ import annotations
 
+import json
+
 from experiments.core.recipe import Candidate
 from experiments.serving.backends.served import ServedEngine
 from experiments.serving.environments import EngineEnvironment, engines_home
@@ -22,6 +24,7 @@ ENVIRONMENTS = {
     "cuda": EngineEnvironment("vllm", "0.33.0", "cuda", ("vllm==0.33.0",), check="vllm.entrypoints.openai.api_server"),
 }
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+NGRAM_TOKENS = 4          # draft tokens proposed per step from the prompt's own n-grams
 KV_CACHE_GIB = 2          # VLLM_CPU_KVCACHE_SPACE: 2 GiB held SmolLM2-135M's 8 streams with room to spare
 
 
@@ -44,6 +47,12 @@ class VllmEngine(ServedEngine):
                     f"{r.execution_provider} (INT8/INT4 would need a pre-quantized checkpoint)")
         if r.batching in ("static", "dynamic"):
             return "vLLM batches continuously; its batching rung is continuous_batching (max_num_seqs)"
+        if r.kv_cache_dtype not in ("auto", "fp8") or (r.kv_cache_dtype == "fp8" and cpu):
+            return f"vLLM stores its KV cache in fp8 on a GPU here, not {r.kv_cache_dtype} on {r.execution_provider}"
+        if r.speculative not in ("none", "ngram"):
+            return f"vLLM's speculative decoding here is n-gram lookup, not {r.speculative}"
+        if r.devices_per_replica > 1 and cpu:
+            return "tensor and pipeline parallelism split a model across GPUs; the champion runs on the CPU"
         return None
 
     @classmethod
@@ -85,12 +94,25 @@ def command(cand: Candidate, python: str) -> list[str]:
         args += ["--max-num-batched-tokens", str(max(r.max_tokens_per_step, r.max_batch))]
     if r.quantization == "fp8":
         args += ["--quantization", "fp8"]
+    if r.kv_cache_dtype == "fp8":
+        args += ["--kv-cache-dtype", "fp8"]
+    if r.speculative == "ngram":
+        args += ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": NGRAM_TOKENS,
+                                                     "prompt_lookup_max": 4, "prompt_lookup_min": 2})]
+    if r.tensor_parallel > 1:
+        args += ["--tensor-parallel-size", str(r.tensor_parallel)]
+    if r.pipeline_parallel > 1:
+        # pipeline stages across nodes run on Ray, which vLLM starts or joins (RAY_ADDRESS)
+        args += ["--pipeline-parallel-size", str(r.pipeline_parallel), "--distributed-executor-backend", "ray"]
     return args
 
 
 def server_env(cand: Candidate) -> dict[str, str]:
-    if cand.recipe.execution_provider == "cuda":
-        return {"CUDA_VISIBLE_DEVICES": str(cand.recipe.cuda_device)}
+    r = cand.recipe
+    if r.execution_provider == "cuda":
+        # a replica over several devices takes them from the one the champion was placed on
+        devices = range(r.cuda_device, r.cuda_device + r.devices_per_replica)
+        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices))}
     # auto: the model's threads on one core, the scheduler on the other; binding both to the model halved
     # its speed on 2 cores.
     return {"VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "VLLM_CPU_OMP_THREADS_BIND": "auto"}
