@@ -64,7 +64,8 @@ def tiny_target(model_dir):
 # Under `make test`'s two workers, files are handed out in this order, one whole file at a time: the longest first,
 # so that no long file starts last and keeps one worker busy alone. The first runs beside the built model's training
 # (minutes on first use); the four after it need no tiny-llm and fill the other worker meanwhile.
-LONGEST_FIRST = ("test_sweep_e2e", "test_smollm2_sweep", "test_sweep_minilm", "test_own_model_sweep", "test_gpu_extra",
+LONGEST_FIRST = ("test_sweep_e2e", "test_smollm2_sweep", "test_sweep_minilm", "test_own_model_sweep", "test_vllm",
+                 "test_gpu_extra",
                  "test_resilience", "test_launchers", "test_contamination", "test_ui_check", "test_distillation",
                  "test_architectures", "test_rungs_real")
 

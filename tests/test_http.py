@@ -273,6 +273,8 @@ class Broken(BaseHTTPRequestHandler):
         chunk = 'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
         streams = {"bad_json": chunk + "data: {oops\n\n", "no_choices": chunk + 'data: {"id":"x"}\n\n',
                    "no_done": chunk * 3, "no_tokens": "data: [DONE]\n\n", "short": chunk + "data: [DONE]\n\n",
+                   "coalesced": chunk * 3 + 'data: {"choices":[],"usage":{"completion_tokens":8}}\n\ndata: [DONE]\n\n',
+                   "closing": chunk * 9 + 'data: {"choices":[],"usage":{"completion_tokens":8}}\n\ndata: [DONE]\n\n',
                    "engine_error": chunk + 'data: {"error":{"message":"out of memory"}}\n\n'}
         if self.mode == "http500":
             self._send(500, "text/plain", b"internal error: the model crashed")
@@ -319,6 +321,18 @@ def test_a_broken_endpoint_counts_errors_instead_of_crashing(broken, mode, says,
     assert len(level.records) >= 6 and level.error_rate == 1.0 and level.n_ok == 0
     assert all(r.error.startswith(says) for r in level.records)
     assert level.stats["e2e_ms"] is None
+
+
+@pytest.mark.parametrize("mode", ["coalesced", "closing"])
+def test_the_closing_usage_counts_tokens_a_server_sent_together_or_not_at_all(broken, mode, monkeypatch):
+    """vLLM under load sends several tokens in one chunk; llama-server closes with a chunk that has none."""
+    monkeypatch.setattr(Broken, "mode", mode)
+    client = EndpointServer(broken, timeout_s=5)
+    try:
+        level = run_ladder(client, small_workload(), OmegaConf.merge(LOAD, {"concurrency": [2]})).level(2)
+    finally:
+        client.close()
+    assert level.error_rate == 0 and all(len(r.token_times) == 8 for r in level.records)
 
 
 # --- the CLI ----------------------------------------------------------------------------------------------

@@ -11,9 +11,9 @@ import os
 import shutil
 
 import numpy as np
+import psutil
 import pytest
 from conftest import SHARED_CACHE
-from test_vllm import our_processes
 
 from experiments.core.recipe import Candidate, Recipe, Target
 from experiments.judge.fidelity import BaselineLogprobs
@@ -24,6 +24,23 @@ from experiments.serving.environments import EngineUnavailable
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not LlamaCppBuild().folder().joinpath("roi-engine.json").is_file() and not os.environ.get("ROI_TEST_LLAMA_CPP"),
     reason="llama.cpp is not built on this machine (make llama-cpp builds it, ~10 min; or ROI_TEST_LLAMA_CPP=1)")]
+
+
+def our_processes() -> set[int]:
+    """This test's descendants, and any llama-server (vLLM's tests may run beside these on the other worker)."""
+    mine = {p.pid for p in psutil.Process().children(recursive=True)}
+    for proc in psutil.process_iter(["cmdline"]):
+        if "llama-server" in " ".join(proc.info["cmdline"] or []):
+            mine.add(proc.pid)
+    return mine - {p.pid for p in psutil.Process().children(recursive=True)
+                   if "vllm" in " ".join(_cmdline(p))}
+
+
+def _cmdline(proc) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
 
 
 @pytest.fixture(scope="module")

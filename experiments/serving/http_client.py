@@ -135,12 +135,19 @@ class EndpointServer:
                 rec.sent = stream.sent
                 if from_send:
                     rec.arrival = stream.sent
+            reported = 0
             for arrived, payload in stream.events:
-                _on_chunk(rec, payload, arrived)
+                reported = _on_chunk(rec, payload, arrived) or reported
             if failed is not None:
                 raise failed
             if not rec.token_times:   # else it would be neither ok nor an error: invisible in the rates
                 raise EndpointFailed("the stream ended with no tokens")
+            # The closing usage, where sent, says how many tokens there were: a server may send several in one
+            # chunk (vLLM under load), those not seen apart are stamped at the last chunk's arrival, when the
+            # client had them; or close with a chunk that carries none (llama-server's finish_reason), dropped.
+            if reported:
+                rec.token_times.extend([rec.token_times[-1]] * max(0, reported - len(rec.token_times)))
+                del rec.token_times[reported:]
             if len(rec.token_times) < rec.prompt.max_new_tokens:
                 # A server that cuts streams short (llama-cpp-python's interrupt_requests) would read as fast.
                 raise EndpointFailed(f"the stream ended after {len(rec.token_times)} of the "
@@ -165,12 +172,13 @@ class EndpointServer:
             text = (list(prompt.token_ids) if self.prompt_format == "ids"
                     else self.tokenizer.decode(prompt.token_ids))
             body = {"model": self.model, "prompt": text, "max_tokens": prompt.max_new_tokens, "stream": True,
-                    "ignore_eos": True, "temperature": 0.0}
+                    "ignore_eos": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
             self._bodies[prompt] = self._streams.request("/v1/completions", json.dumps(body).encode())
         return self._bodies[prompt]
 
 
-def _on_chunk(rec: RequestRecord, payload: str, arrived: float) -> None:
+def _on_chunk(rec: RequestRecord, payload: str, arrived: float) -> int | None:
+    """Stamps a token chunk's arrival; returns the completion tokens a closing usage chunk reports."""
     try:
         chunk = json.loads(payload)
     except ValueError:
@@ -185,6 +193,8 @@ def _on_chunk(rec: RequestRecord, payload: str, arrived: float) -> None:
         raise MalformedStream(f"a chunk without choices: {_excerpt(payload)}")
     if choices:                               # [] with usage only: the closing summary, not a token
         rec.token_times.append(arrived)
+    usage = chunk.get("usage")
+    return int(usage.get("completion_tokens") or 0) if isinstance(usage, dict) else None
 
 
 def _reason(exc: Exception) -> str:
