@@ -291,6 +291,16 @@ class Broken(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+def level_against(url: str, mode: str, monkeypatch):
+    """One level of two clients against the stand-in server answering as `mode` says."""
+    monkeypatch.setattr(Broken, "mode", mode)
+    client = EndpointServer(url, timeout_s=5)
+    try:
+        return run_ladder(client, small_workload(), OmegaConf.merge(LOAD, {"concurrency": [2]})).level(2)
+    finally:
+        client.close()
+
+
 @pytest.fixture(scope="module")
 def broken():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Broken)
@@ -312,12 +322,7 @@ def broken():
     ("short", "endpoint error: the stream ended after 1 of the"),   # a cut stream is no fast success
 ])
 def test_a_broken_endpoint_counts_errors_instead_of_crashing(broken, mode, says, monkeypatch):
-    monkeypatch.setattr(Broken, "mode", mode)
-    client = EndpointServer(broken, timeout_s=5)
-    try:
-        level = run_ladder(client, small_workload(), OmegaConf.merge(LOAD, {"concurrency": [2]})).level(2)
-    finally:
-        client.close()
+    level = level_against(broken, mode, monkeypatch)
     assert len(level.records) >= 6 and level.error_rate == 1.0 and level.n_ok == 0
     assert all(r.error.startswith(says) for r in level.records)
     assert level.stats["e2e_ms"] is None
@@ -326,12 +331,7 @@ def test_a_broken_endpoint_counts_errors_instead_of_crashing(broken, mode, says,
 @pytest.mark.parametrize("mode", ["coalesced", "closing"])
 def test_the_closing_usage_counts_tokens_a_server_sent_together_or_not_at_all(broken, mode, monkeypatch):
     """vLLM under load sends several tokens in one chunk; llama-server closes with a chunk that has none."""
-    monkeypatch.setattr(Broken, "mode", mode)
-    client = EndpointServer(broken, timeout_s=5)
-    try:
-        level = run_ladder(client, small_workload(), OmegaConf.merge(LOAD, {"concurrency": [2]})).level(2)
-    finally:
-        client.close()
+    level = level_against(broken, mode, monkeypatch)
     assert level.error_rate == 0 and all(len(r.token_times) == 8 for r in level.records)
 
 

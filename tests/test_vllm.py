@@ -5,7 +5,6 @@ one clear error with its log's last lines. Each server start costs ~30-80 s of v
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -16,6 +15,7 @@ import urllib.request
 import psutil
 import pytest
 from conftest import REPO, SHARED_CACHE
+from test_server_process import group
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
@@ -87,11 +87,11 @@ def test_vllm_serves_the_model_as_torch_computes_it_and_leaves_nothing_running(t
     finally:
         engine.close()
     assert not engine.process.alive()
-    assert all(p.status() == psutil.STATUS_ZOMBIE for p in _in_group(server_group))   # nothing of it runs
+    assert all(p.status() == psutil.STATUS_ZOMBIE for p in group(server_group))   # nothing of it runs
     deadline = time.monotonic() + 10           # and init reaps the orphans' zombies soon after
-    while _in_group(server_group) and time.monotonic() < deadline:
+    while group(server_group) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _in_group(server_group)
+    assert not group(server_group)
     assert our_processes() <= before
 
 
@@ -105,17 +105,6 @@ def test_a_model_vllm_cannot_load_is_one_error_with_its_log_and_nothing_left(tin
         build_engine(Candidate(Target("broken", "causal-lm", broken), Recipe(engine="vllm")), 2, tmp_path / "art")
     assert "NoSuchModelForCausalLM" in str(failed.value) and "the last lines of its log" in str(failed.value)
     assert our_processes() <= before
-
-
-def _in_group(pgid: int) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) == pgid:
-                found.append(proc)
-        except (OSError, psutil.Error):
-            pass
-    return found
 
 
 # --- a sweep that launches vLLM, and `roi-ladder serve` running vLLM's own server --------------------------

@@ -19,6 +19,13 @@ def weights_digest(model_dir: Path) -> list[str]:
     return [hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(model_dir).glob("*.safetensors"))]
 
 
+def model_identity(model_dir: Path):
+    """What names a model folder in an artefact's key: its build manifest (file checksums) where it has one, else
+    its path."""
+    manifest = Path(model_dir) / "manifest.json"
+    return json.loads(manifest.read_text()) if manifest.exists() else str(model_dir)
+
+
 def cached(root: Path, prefix: str, recipe: dict, build: Callable[[Path], None],
            note: Callable[[str], None] = log.warning) -> tuple[Path, bool]:
     """(folder, reused): `root/<prefix>-<hash of recipe>`, built by `build(folder)` once (experiments/core/cache.py)."""

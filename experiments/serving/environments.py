@@ -64,9 +64,9 @@ class EngineEnvironment:
 
     def ensure(self, home: Path | None = None, note: Callable[[str], None] = print) -> Path:
         """The environment's python, creating the environment first if it is not there (once per machine)."""
-        out = made_once(self.folder(home), self._build, f"the {self.engine} {self.version} environment for "
-                        f"{self.device}", note)
-        return out / "bin" / "python"
+        made_once(self.folder(home), self._build, f"the {self.engine} {self.version} environment for {self.device}",
+                  note)
+        return self.python_path(home)
 
     def _build(self, tmp: Path, log: Step) -> dict:
         uv = _uv()

@@ -20,6 +20,7 @@ import numpy as np
 from experiments.core.recipe import Candidate
 from experiments.judge.fidelity import TopLogprobs
 from experiments.serving.engine import Engine
+from experiments.serving.environments import EngineEnvironment
 from experiments.serving.http_client import EndpointServer
 from experiments.serving.server_metrics import MetricNames, scrape
 from experiments.serving.server_process import ServerProcess
@@ -57,9 +58,20 @@ class ServedEngine(Engine):
         the engine's environment."""
         raise NotImplementedError
 
+    def environment(self) -> EngineEnvironment | None:
+        """The Python environment the server runs in (None: the engine builds something else, llama.cpp)."""
+        return None
+
     def described(self) -> dict[str, str]:
         """What a deployment needs to run this server again: engine, version, command, environment."""
-        return {"engine": self.name, "command": " ".join(self.process.command), "log": str(self.process.log_path)}
+        out = {"engine": self.name, "command": " ".join(self.process.command), "log": str(self.process.log_path)}
+        if (env := self.environment()) is not None:
+            out.update(version=env.version, environment=str(env.folder()), requirements=" ".join(env.requirements))
+        return out
+
+    def weight_bits(self) -> float:
+        """The server loads the target's weights at the recipe's dtype (fp8: quantized as it loads them)."""
+        return 8.0 if self.recipe.quantization == "fp8" else {"fp32": 32.0}.get(self.recipe.precision, 16.0)
 
     # --- the Engine interface ---------------------------------------------------------------------------
     @property
@@ -135,6 +147,28 @@ class ServedEngine(Engine):
             if ended := self.process.died():
                 raise RuntimeError(ended.describe(" during a request")) from None
             raise RuntimeError(f"{self.name} at {self.url} failed a request: {exc}") from None
+
+
+def cuda_server_refusal(name: str, recipe) -> str | None:
+    """What a CUDA-only server (SGLang, TensorRT-LLM) cannot take from a recipe, or None."""
+    r = recipe
+    if r.execution_provider != "cuda":
+        return f"{name} serves on a CUDA device only; its PyPI build has no CPU backend"
+    if r.compile != "none":
+        return f"torch.compile compiles the torch engine; {name} compiles its own graphs"
+    if r.precision not in ("fp32", "bf16", "fp16") or r.quantization not in ("none", "fp8"):
+        return f"{name} here runs fp32, bf16 or fp16, with fp8 weights at most (not {r.quantization})"
+    if r.kv_cache_dtype != "auto" or r.speculative != "none":
+        return f"{name}'s KV-cache types and speculative decoding are not wired here yet"
+    if r.batching in ("static", "dynamic"):
+        return f"{name} batches continuously; its batching rung is continuous_batching"
+    return None
+
+
+def cuda_devices(recipe) -> dict[str, str]:
+    """The devices one replica spans, from the one the champion was placed on."""
+    devices = range(recipe.cuda_device, recipe.cuda_device + recipe.devices_per_replica)
+    return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices))}
 
 
 class ServedEndpoint(EndpointServer):

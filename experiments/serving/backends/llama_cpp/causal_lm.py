@@ -14,12 +14,11 @@ the same way (ForcedTokenLM): the kernels that serve are the kernels that score.
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import numpy as np
-from experiments.core.artefacts import cached
+from experiments.core.artefacts import cached, model_identity
 from experiments.core.recipe import Candidate
 from experiments.judge.accuracy import TokenizedLM
 from experiments.judge.fidelity import TopLogprobs
@@ -75,9 +74,7 @@ class LlamaCppEngine(ServedEngine):
 
     def _gguf(self, build: Path, cand: Candidate) -> Path:
         kind = gguf_type(cand.recipe)
-        manifest = Path(cand.target.model_dir) / "manifest.json"
-        source = json.loads(manifest.read_text()) if manifest.exists() else str(cand.target.model_dir)
-        key = {"source": source, "type": kind, "llama.cpp": LlamaCppBuild().version}
+        key = {"source": model_identity(cand.target.model_dir), "type": kind, "llama.cpp": LlamaCppBuild().version}
 
         def make(tmp: Path) -> None:
             log_path = tmp / "convert.log"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.core.artefacts import cached
+from experiments.core.artefacts import cached, model_identity
 from experiments.core.gpu_guards import ort_providers, require_genai_device
 from experiments.core.recipe import Candidate
 from experiments.judge.accuracy import OnnxSessionLM
@@ -38,9 +38,7 @@ def export(cand: Candidate, artefact_root: Path, timeout_s: float = 900) -> tupl
 
     recipe = cand.recipe
     precision, extra = builder_options(recipe)
-    source = json.loads((Path(cand.target.model_dir) / "manifest.json").read_text()) \
-        if (Path(cand.target.model_dir) / "manifest.json").exists() else str(cand.target.model_dir)
-    key = {"source": source, "precision": precision, "extra": extra, "ep": recipe.execution_provider,
+    key = {"source": model_identity(cand.target.model_dir), "precision": precision, "extra": extra, "ep": recipe.execution_provider,
            "genai": onnxruntime_genai.__version__}
     return cached(artefact_root, f"ort-{precision}", key, lambda tmp: _build(cand, precision, extra, tmp, timeout_s))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from experiments.core.recipe import Candidate
-from experiments.serving.backends.served import ServedEngine
+from experiments.serving.backends.served import ServedEngine, cuda_devices
 from experiments.serving.environments import EngineEnvironment, engines_home
 from experiments.serving.server_metrics import VLLM
 
@@ -66,14 +66,6 @@ class VllmEngine(ServedEngine):
         python = self.environment().ensure(engines_home())
         return command(cand, str(python)), server_env(cand)
 
-    def described(self) -> dict[str, str]:
-        env = self.environment()
-        return {**super().described(), "version": env.version, "environment": str(env.folder()),
-                "requirements": " ".join(env.requirements)}
-
-    def weight_bits(self) -> float:
-        return 8.0 if self.recipe.quantization == "fp8" else {"fp32": 32.0}.get(self.recipe.precision, 16.0)
-
 
 def command(cand: Candidate, python: str) -> list[str]:
     r = cand.recipe
@@ -108,11 +100,8 @@ def command(cand: Candidate, python: str) -> list[str]:
 
 
 def server_env(cand: Candidate) -> dict[str, str]:
-    r = cand.recipe
-    if r.execution_provider == "cuda":
-        # a replica over several devices takes them from the one the champion was placed on
-        devices = range(r.cuda_device, r.cuda_device + r.devices_per_replica)
-        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices))}
+    if cand.recipe.execution_provider == "cuda":
+        return cuda_devices(cand.recipe)
     # auto: the model's threads on one core, the scheduler on the other; binding both to the model halved
     # its speed on 2 cores.
     return {"VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "VLLM_CPU_OMP_THREADS_BIND": "auto"}
