@@ -1,10 +1,13 @@
 """A stand-in for an engine's server (tests only): GET /health and /v1/models answer 503 until it is healthy,
-then 200. Flags make it slow, crash, hang, ignore SIGTERM or start a child of its own, as real servers do.
+then 200; POST /v1/completions streams `max_tokens` tokens, one every --token-ms, as an OpenAI-compatible server
+does. Flags make it slow, crash, hang, ignore SIGTERM or start a child of its own, as real servers do; an unknown
+flag ends it at once with argparse's error, as vLLM's own parser does.
 
     python tests/fake_server.py --port P [--health-after S] [--exit-at-start CODE] [--never-healthy]
-                                [--crash-after S] [--spawn-child] [--ignore-term]
+                                [--crash-after S] [--spawn-child] [--ignore-term] [--model NAME] [--token-ms MS]
 """
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -25,6 +28,8 @@ def main() -> None:
     parser.add_argument("--crash-after", type=float)
     parser.add_argument("--spawn-child", action="store_true")
     parser.add_argument("--ignore-term", action="store_true")
+    parser.add_argument("--model", default="fake")
+    parser.add_argument("--token-ms", type=float, default=5.0)
     args = parser.parse_args()
     began = time.monotonic()
     print(f"fake server starting on port {args.port}")
@@ -43,9 +48,27 @@ def main() -> None:
         def do_GET(self):
             healthy = not args.never_healthy and time.monotonic() - began >= args.health_after
             status = 404 if self.path not in ("/health", "/v1/models") else 200 if healthy else 503
+            body = json.dumps({"object": "list", "data": [{"id": args.model}]}).encode() \
+                if status == 200 and self.path == "/v1/models" else b""
             self.send_response(status)
-            self.send_header("Content-Length", "0")
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for _ in range(int(request["max_tokens"])):
+                time.sleep(args.token_ms / 1000)
+                self._event({"choices": [{"index": 0, "text": "a", "finish_reason": None}]})
+            self._event({"choices": [], "usage": {"completion_tokens": int(request["max_tokens"])}})
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def _event(self, chunk: dict) -> None:
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
 
         def log_message(self, *a):
             pass

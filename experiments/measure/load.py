@@ -12,6 +12,7 @@ from experiments.core.request import RequestRecord
 from experiments.core.slo import parse_all
 from experiments.core.stats import LatencyStats
 from experiments.measure.resources import ResourceSampler
+from experiments.serving.server_process import ServerFailed
 from experiments.targets.kinds import kind_of
 from experiments.targets.workload import Workload
 
@@ -31,17 +32,25 @@ def run_level(server, workload: Workload, load: float, cfg, confidence: float) -
                            cfg.request_timeout_s)
 
     drive(workload.warmup, cfg.warmup_requests, cfg.get("warmup_s", 0.0))
+    still_serving(server, "during the warm-up")
     with ResourceSampler(kv_probe=getattr(server, "kv_usage", None), processes=getattr(server, "processes", None),
                          server_probe=getattr(server, "server_probe", None)) as sampler:
         started = time.perf_counter()
         records = drive(workload.prompts, cfg.min_requests, cfg.min_duration_s)
         duration = time.perf_counter() - started
+    still_serving(server, f"during the level at {'rate' if is_open else 'concurrency'} {load:g}")
     level = LevelReport(concurrency=int(round(load)), duration_s=duration, records=tuple(records), stats={},
                         min_requests_met=len(records) >= cfg.min_requests,
                         offered_qps=float(load) if is_open else None, started=started,
                         resources=sampler.series(), **sampler.summary())
     level.stats.update({m: LatencyStats.from_samples(level.values(m), confidence) for m in kind_of(workload.kind).metrics})
     return level
+
+
+def still_serving(server, when: str) -> None:
+    """A serving engine whose server died is the level's failure, named with its exit and last log lines."""
+    if (gone := getattr(server, "gone", None)) and (reason := gone(when)):
+        raise ServerFailed(reason)
 
 
 def open_loop(server, prompts, rate, process, gamma_shape, seed, min_requests, min_s, max_s, timeout_s):

@@ -27,7 +27,7 @@ from experiments.core.errors import ConfigError
 from experiments.core.settings import check_section
 from experiments.core.stats import ratio_ci
 from experiments.judge.gate import Criterion
-from experiments.measure.load import closed_loop
+from experiments.measure.load import closed_loop, still_serving
 from experiments.measure.resources import ResourceSampler
 from experiments.targets.workload import Workload
 
@@ -104,6 +104,7 @@ def run_soak(server, workload: Workload, cfg, concurrency: int, on_window=lambda
             records = closed_loop(server, prompts[offset:] + prompts[:offset], concurrency, 0, cfg.window_s,
                                    cfg.window_s, cfg.request_timeout_s)
             took = time.perf_counter() - start
+        still_serving(server, f"during the soak's window {i + 1}")
         sent += len(records)
         e2e = np.array([(r.token_times[-1] - r.arrival) * 1e3 for r in records if r.ok])
         rss = res.rss_mb or [psutil.Process().memory_info().rss / 2**20]

@@ -43,7 +43,8 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class ServerFailed(RuntimeError):
-    """The server exited, or never became healthy, during start-up: its exit code and its log's last lines."""
+    """The server exited, or never became healthy, during start-up (or died while it served): its exit code and
+    its log's last lines."""
 
 
 @dataclass(frozen=True)

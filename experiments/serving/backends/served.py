@@ -178,14 +178,20 @@ class ServedEndpoint(EndpointServer):
     def __init__(self, engine: ServedEngine, timeout_s: float):
         super().__init__(engine.url, engine.served_name, "ids", timeout_s=timeout_s)
         self.processes = engine.process.pids
+        self._process = engine.process
         names = engine.metric_names
         self.server_probe = (lambda: scrape(engine.url, names)) if names else None
+
+    def gone(self, when: str) -> str | None:
+        """How the server ended `when`, with its log's last lines, if it did (a level's requests then fail to
+        connect: the level is the server's failure, not a measurement)."""
+        ended = self._process.died()
+        return None if ended is None else ended.describe(f" {when}")
 
 
 class ServerLogprobs:
     """token ids -> TopLogprobs (fidelity): the server's top-K prompt log-probs of the sequence, plus the top K
     after its last token (from the one token it is asked to generate)."""
-
     def __init__(self, engine: ServedEngine, top_k: int):
         self.engine, self.top_k = engine, top_k
 
