@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.climb import rung
+from experiments.climb import scores
 from experiments.judge import sequential
 from experiments.judge.accuracy import AccuracyReport, evaluate
 from experiments.judge.gate import Gate
@@ -194,30 +194,30 @@ def test_the_rung_completes_both_sides_when_undecided_and_not_when_another_crite
         [r] = reports
         return [r.extended(report(full[who].per_doc[400:], range(400, 1200), documents=1200))]
 
-    monkeypatch.setattr(rung.contender, "scored_more", scored_more)
-    monkeypatch.setattr(rung.contender, "numerics_key", lambda cand: cand)
-    monkeypatch.setattr(rung.rung_log, "log_accuracy", lambda reports: None)
+    monkeypatch.setattr(scores.contender, "scored_more", scored_more)
+    monkeypatch.setattr(scores.contender, "numerics_key", lambda cand: cand)
+    monkeypatch.setattr(scores.rung_log, "log_accuracy", lambda reports: None)
     champion = SimpleNamespace(candidate="eager", accuracy=[first(full["champion"], 400)])
     outcome = SimpleNamespace(candidate="int8", accuracy=[first(full["challenger"], 400)])
     sweep = SimpleNamespace(gate=gate(), ui=SimpleNamespace(stage=lambda what: _NullStage()),
                             scores={"eager": (champion.accuracy, None, "baseline")})
 
-    [kept] = rung._accuracy(champion, outcome, sweep, "int8", None, pursue=False)
+    [kept] = scores.accuracy_criteria(champion, outcome, sweep, "int8", None, pursue=False)
     assert kept.undecided and not kept.passed and "not scored: another criterion failed" in kept.detail
     assert calls == []
-    [crit] = rung._accuracy(champion, outcome, sweep, "int8", None, pursue=True)
+    [crit] = scores.accuracy_criteria(champion, outcome, sweep, "int8", None, pursue=True)
     assert calls == ["challenger", "champion"] and not crit.undecided and crit.numbers["documents"] == 1200
     assert len(sweep.scores["eager"][0][0].per_doc) == 1200      # the champion's completed scores serve later rungs
     calls.clear()
     outcome.accuracy = [first(full["challenger"], 400)]
-    rung._accuracy(champion, outcome, sweep, "int8", None, pursue=True)
+    scores.accuracy_criteria(champion, outcome, sweep, "int8", None, pursue=True)
     assert calls == ["challenger"]                               # the champion's were completed already
     # a challenger whose scores another rung's gate completed (same numerics): the champion's are completed first
     calls.clear()
     champion = SimpleNamespace(candidate="compiled", accuracy=[first(full["champion"], 400)])
     outcome.accuracy = [first(full["challenger"], 400).extended(
         report(full["challenger"].per_doc[400:], range(400, 1200), documents=1200))]
-    [crit] = rung._accuracy(champion, outcome, sweep, "static_batching", None, pursue=True)
+    [crit] = scores.accuracy_criteria(champion, outcome, sweep, "static_batching", None, pursue=True)
     assert calls == ["champion"] and crit.numbers["documents"] == 1200 and "last look" in crit.detail
 
 
@@ -240,9 +240,9 @@ def test_a_first_look_decision_stands_and_a_failed_accuracy_criterion_stops_the_
         return [r.extended(changed(report(full[who, r.task][400:], range(400, 1200), documents=1200), task=r.task))
                 for r in reports]
 
-    monkeypatch.setattr(rung.contender, "scored_more", scored_more)
-    monkeypatch.setattr(rung.contender, "numerics_key", lambda cand: cand)
-    monkeypatch.setattr(rung.rung_log, "log_accuracy", lambda reports: None)
+    monkeypatch.setattr(scores.contender, "scored_more", scored_more)
+    monkeypatch.setattr(scores.contender, "numerics_key", lambda cand: cand)
+    monkeypatch.setattr(scores.rung_log, "log_accuracy", lambda reports: None)
 
     def sides(challenger_u):
         full["challenger", "u"] = challenger_u
@@ -255,14 +255,14 @@ def test_a_first_look_decision_stands_and_a_failed_accuracy_criterion_stops_the_
 
     # task u unchanged: it passes at the first look and keeps that verdict; task t goes on to the last look
     champion, outcome, sweep = sides(base)
-    t, u = rung._accuracy(champion, outcome, sweep, "int8", None, pursue=True)
+    t, u = scores.accuracy_criteria(champion, outcome, sweep, "int8", None, pursue=True)
     assert calls == ["challenger", "champion"]
     assert u.passed and u.numbers["look"] == 1 and u.numbers["documents"] == 400
     assert t.numbers["look"] == 2 and t.numbers["documents"] == 1200 and not t.undecided
     # task u loses half its right answers: it fails at the first look, so t's other documents are not scored
     calls.clear()
     champion, outcome, sweep = sides(halved)
-    t, u = rung._accuracy(champion, outcome, sweep, "int8", None, pursue=True)
+    t, u = scores.accuracy_criteria(champion, outcome, sweep, "int8", None, pursue=True)
     assert calls == [] and not u.passed and not u.undecided
     assert t.undecided and "not scored: another accuracy criterion failed" in t.detail
 
@@ -271,12 +271,12 @@ def test_a_rejected_rung_with_completed_scores_is_judged_on_the_champions_docume
     rng = np.random.default_rng(4)
     base = (rng.random(1200) < 0.5).astype(float)
     flipped = np.where(rng.random(1200) < 0.04, 1 - base, base)
-    monkeypatch.setattr(rung.contender, "scored_more", lambda *a, **k: pytest.fail("nothing more to score"))
+    monkeypatch.setattr(scores.contender, "scored_more", lambda *a, **k: pytest.fail("nothing more to score"))
     champion = SimpleNamespace(candidate="eager", accuracy=[first(report(base), 400)])
     completed = first(report(flipped), 400).extended(report(flipped[400:], range(400, 1200), documents=1200))
     outcome = SimpleNamespace(candidate="int8", accuracy=[completed])
     sweep = SimpleNamespace(gate=gate(), ui=SimpleNamespace(stage=lambda what: _NullStage()), scores={})
-    [crit] = rung._accuracy(champion, outcome, sweep, "static_batching", None, pursue=False)
+    [crit] = scores.accuracy_criteria(champion, outcome, sweep, "static_batching", None, pursue=False)
     assert crit.numbers["documents"] == 400 and crit.numbers["look"] == 1
     assert len(champion.accuracy[0].per_doc) == 400
 

@@ -281,7 +281,7 @@ def sweep(tmp_path):
 
 
 def test_a_challenger_that_failed_a_cheaper_criterion_is_not_soaked(sweep):
-    from experiments.climb.rung import soak_criterion as _soak
+    from experiments.climb.soaking import soak_criterion as _soak
 
     failed = [Criterion("performance", True, "ok"), Criterion("accuracy", False, "drop too large")]
     with tracking.run("rung", sweep.experiment_id) as run:
@@ -294,7 +294,7 @@ def test_a_challenger_that_failed_a_cheaper_criterion_is_not_soaked(sweep):
 
 
 def test_a_challenger_that_passed_is_soaked_at_the_objective_level_and_recorded(sweep, torch_engine):
-    from experiments.climb.rung import soak_criterion as _soak
+    from experiments.climb.soaking import soak_criterion as _soak
 
     passed = [Criterion("performance", True, "ok")]
     with tracking.run("rung", sweep.experiment_id) as run:

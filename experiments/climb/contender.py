@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from rich.console import Console
+
 from experiments.core.recipe import Candidate
 from experiments.core.reports import BenchmarkReport, LevelReport
 from experiments.judge.accuracy import AccuracyReport
@@ -132,7 +134,7 @@ def in_own_process(build, apart: Apart, workload, load, concurrency: int, confid
 
 def soaked(judge, cand: Candidate, bench: BenchmarkReport, criteria: list, sweep, name: str, run_id: str,
            apart: Apart, on_progress=None) -> list:
-    """judge(engine, bench, criteria, sweep, name) (rung.soak_criterion) on a fresh build of `cand`, in a
+    """judge(engine, bench, criteria, sweep, name) (soaking.soak_criterion) on a fresh build of `cand`, in a
     process of its own that logs to the rung's run."""
     return apart.run("soak", _soak_here, judge, cand, bench, criteria, replace(sweep, ui=None), name, run_id,
                      on_progress=on_progress)
@@ -152,8 +154,6 @@ def numerics_key(cand: Candidate) -> tuple:
 def _quiet_console():
     """The child's console goes to its log (stderr there); its stages and counts are relayed to the rung's
     process, which shows them."""
-    from rich.console import Console
-
     quiet_libraries()
     return SweepConsole(Console(stderr=True, width=160), relay=True)
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from experiments.analyse import memory_fit
-from experiments.climb.rung import Sweep, climb
+from experiments.climb.rung import climb
+from experiments.climb.sweep import Sweep
 from experiments.climb.sweep_report import diagnose_sweep, sweep_figures
 from experiments.climb.validation import validate
 from experiments.core.errors import ConfigError, SweepInterrupted

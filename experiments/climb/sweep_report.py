@@ -9,7 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from experiments.analyse import diagnose, profiling, roofline
-from experiments.climb.rung import Sweep
+from experiments.climb.sweep import Sweep
 from experiments.core.names import Tag
 from experiments.core.recipe import Candidate
 from experiments.core.secrets import scrub_text

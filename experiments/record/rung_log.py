@@ -63,3 +63,44 @@ def log_server(server: dict) -> None:
     tracking.set_tags({f"{Tag.SERVER}{key}": str(value) for key, value in server.items() if key != "startup_s"})
     if Path(server.get("log", "")).is_file():
         tracking.log_file(server["log"], "server")
+
+
+def note(tag: str, text: str) -> None:
+    """How the rung was decided, in words, where a reviewer reads it (the run's tags)."""
+    tracking.set_tag(tag, text[:5000])
+
+
+def log_verdict(outcome: RungOutcome, champion: RungOutcome | None) -> None:
+    tracking.set_tags({Tag.VERDICT: outcome.verdict.status, Tag.REASON: outcome.verdict.reason[:5000]})
+    if outcome.verdict.status != "accepted":
+        tracking.set_tag(Tag.REVERTED_TO, champion.run_id if champion else "")
+
+
+def log_isolation(done, limits, log_path: Path) -> None:
+    """The rung's child process: its peak memory, time, limits and log."""
+    tracking.log_metrics({"isolation/peak_rss_bytes": done.peak_rss_bytes, "isolation/seconds": done.seconds})
+    tracking.set_tag(Tag.ISOLATION, f"child process, limits {limits.describe()}, log {log_path}")
+    if log_path.exists() and log_path.stat().st_size:
+        tracking.log_text(log_path.read_text(errors="replace")[-200_000:], "logs/rung.log")
+
+
+def log_applied(cand, applied: dict, new_model: bool, measurement: str) -> None:
+    """What the rung made: the recipe, the optimizer's own parameters, a new model's folder."""
+    if new_model:
+        tracking.set_tag(Tag.MODEL_DIR, str(cand.target.model_dir))
+    tracking.log_params(tracking.flatten({"recipe": cand.describe()}))
+    tracking.log_params(applied)
+    tracking.set_tag(Tag.MEASUREMENT, measurement)
+
+
+def log_build(measured) -> None:
+    """What building the engine cost and made (contender.Measured)."""
+    tracking.log_metric("artefact_bytes", measured.artefact_bytes)
+    tracking.log_metric("weight_bits", measured.weight_bits)
+    if measured.build_seconds is not None:
+        tracking.log_metric("build_seconds", measured.build_seconds)
+        tracking.set_tag(Tag.ARTEFACT_REUSED, str(measured.artefact_reused))
+    if measured.server:
+        log_server(measured.server)
+    if measured.scores_reused_from:
+        tracking.set_tag(Tag.SCORES_REUSED_FROM, measured.scores_reused_from)

@@ -1,0 +1,77 @@
+"""The performance criterion: the champion measured again beside the challenger, in interleaved rounds of a
+balanced, drawn order (gate.interleaved), or against its recorded run (rounds: 0)."""
+from __future__ import annotations
+
+import functools
+import zlib
+from pathlib import Path
+
+from experiments.climb import contender
+from experiments.climb.sweep import Sweep
+from experiments.core.names import Tag
+from experiments.core.recipe import Candidate
+from experiments.core.reports import BenchmarkReport
+from experiments.judge.gate import Criterion
+from experiments.measure import interleaved
+from experiments.record import rung_log
+from experiments.record.outcome import RungOutcome
+from experiments.serving import build_engine
+
+
+def performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate, sweep: Sweep, name: str,
+                 apart: contender.Apart) -> list[Criterion]:
+    """The champion re-measured beside the challenger in rounds of a balanced, drawn order (gate.interleaved),
+    each side measured where it is the only engine alive; or, with rounds: 0, compared with its recorded run.
+    With rounds, the measurement's consistency is a criterion too: measured again once if it fails, never
+    accepted on it."""
+    cfg, gate = sweep.cfg, sweep.gate
+    rounds_cfg = cfg.gate.interleaved
+    if not rounds_cfg.rounds:
+        return [gate.performance(champion.bench, bench)]
+    if rounds_cfg.get("skip_without_recorded_gain", True):
+        decided = gate.withoutrounds_of(champion.bench, bench)
+        if decided:
+            rung_log.note(Tag.GATE_INTERLEAVED, "not run: the recorded runs show no gain, which no rounds "
+                                                "could turn into an acceptance")
+            return [decided]
+    c = gate.objective_concurrency(champion.bench)
+    rounds = rounds_of(champion.candidate, cand, sweep, name, apart, c, 1)
+    consistency = gate.consistency(rounds, champion.bench, bench)
+    if not consistency.passed:
+        rung_log.note(Tag.GATE_FIRST_MEASUREMENT, f"inconsistent, measured again: {consistency.detail}")
+        rung_log.log_rounds(rounds, cfg.gate.objective, "gate/first_interleaved_rounds.csv", "gate/first_round_ratio")
+        rounds = rounds_of(champion.candidate, cand, sweep, name, apart, c, 2)
+        consistency = gate.consistency(rounds, champion.bench, bench)
+    rung_log.log_rounds(rounds, cfg.gate.objective, "gate/interleaved_rounds.csv", "gate/round_ratio")
+    rung_log.note(Tag.GATE_INTERLEAVED,
+                  contender.ROUNDS_DONE[bool(rounds_cfg.get("fresh_build_per_run", False))])
+    return [gate.interleaved(rounds), consistency]
+
+
+def rounds_of(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart: contender.Apart, c: int,
+            attempt: int) -> interleaved.Rounds:
+    cfg = sweep.cfg
+    why = "" if attempt == 1 else " (again: the first was inconsistent)"
+    rounds_cfg = cfg.gate.interleaved
+    threads, artefacts = int(cfg.threads), Path(cfg.cache_dir) / "artefacts"
+    load = interleaved.load_config(cfg.benchmark, rounds_cfg, c)
+    looks = sweep.gate.round_looks()
+    most = looks[-1]
+    upto = f"{looks[0]} to {most} rounds, more while undecided," if len(looks) > 1 else f"{most} rounds"
+    with sweep.ui.stage(f"{name}: champion and challenger in {upto} at c={c}{why}") as st:
+        # planned: both sides' runs of `seconds` each; the rate seen (warm-up and drain included) takes over
+        planned = 2 * float(rounds_cfg.seconds) * most
+
+        def on_round(r):
+            st.progress(r, most, "rounds", planned_s=planned)
+
+        builds = {who: functools.partial(build_engine, side, threads, artefacts)
+                  for who, side in (("champion", champion), ("challenger", cand))}
+        with contender.round_runs(builds, bool(rounds_cfg.get("fresh_build_per_run", False)),
+                                  sweep.workload, load, c, cfg.gate.confidence, apart, attempt,
+                                  on_build=lambda k, n: st.progress(k, n, "builds, each in a process of its own")
+                                  ) as runs:
+            # the order's seed: the sweep's, the rung and the attempt (a second measurement draws anew)
+            seed = (int(cfg.seed), zlib.crc32(name.encode()), attempt)
+            return interleaved.measure(runs, most, c, on_round, seed, looks[:-1], sweep.gate.rounds_decided,
+                                       rounds_cfg.get("budget_s"))

@@ -1,0 +1,55 @@
+"""The soak criterion: a challenger that passed every other criterion held under load on a fresh build, its
+latency drift and memory growth judged (measure/soak.py); skipped, with the reason, otherwise."""
+from __future__ import annotations
+
+from experiments.climb import contender
+from experiments.climb.sweep import Sweep
+from experiments.core.names import Tag
+from experiments.core.reports import BenchmarkReport
+from experiments.judge.gate import Criterion
+from experiments.measure import soak
+from experiments.record import benchmark_log, rung_log
+from experiments.serving.servers import serve
+
+
+def soaked(cand, bench, criteria, sweep: Sweep, name: str, run_id: str, apart: contender.Apart) -> list[Criterion]:
+    if skipped(criteria, sweep.cfg):
+        return soak_criterion(None, bench, criteria, sweep, name)      # tags why; builds nothing
+    with sweep.ui.stage(f"{name}: soak, on a fresh build in a process of its own") as st:
+        return contender.soaked(soak_criterion, cand, bench, criteria, sweep, name, run_id, apart,
+                                on_progress=st.relayed)
+
+
+def soak_criterion(engine, bench: BenchmarkReport, criteria: list[Criterion], sweep: Sweep,
+                   name: str) -> list[Criterion]:
+    """Cheapest first: only a challenger that passed every other criterion is held under load this long."""
+    cfg = sweep.cfg
+    why = skipped(criteria, cfg)
+    if why:
+        rung_log.note(Tag.SOAK, f"skipped: {why}")
+        return []
+    obj = cfg.gate.objective
+    fallback = int(max(cfg.benchmark.concurrency)) if obj.concurrency == "max" else int(obj.concurrency)
+    clients, why = soak.concurrency_for(cfg.soak.concurrency, bench.capacity, fallback)
+    total = cfg.soak.warmup_s + cfg.soak.duration_s
+    with sweep.ui.stage(f"{name}: soak at c={clients} ({why}) for {total:g} s") as st:
+        server = serve(engine)
+        try:
+            windows = sum(soak.window_counts(cfg.soak))
+            seen = []
+            st.progress(0, windows, "soak", f"windows of {cfg.soak.window_s:g} s", planned_s=total)
+            report = soak.run_soak(server, sweep.workload, cfg.soak, clients,
+                                   on_window=lambda w: (seen.append(w), st.progress(len(seen), windows)))
+        finally:
+            server.close()
+    benchmark_log.log_soak(report)
+    crit = report.criterion()
+    rung_log.note(Tag.SOAK, f"ran at c={clients} ({why}): {'clean' if crit.passed else 'NOT clean'}")
+    return [crit]
+
+
+def skipped(criteria: list[Criterion], cfg) -> str | None:
+    failed = [c.name for c in criteria if not c.passed]
+    if failed:
+        return f"{', '.join(failed)} failed first"
+    return None if cfg.soak.enabled else "soak.enabled=false"
