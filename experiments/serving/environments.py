@@ -47,6 +47,9 @@ class EngineEnvironment:
     check: str                           # a module that must import, or the environment is not made
     python: str = "3.11"
     remove: tuple[str, ...] = ()         # packages pulled in that break the engine here (CUDA builds on a CPU box)
+    # Compiled at install: where PYTHONDONTWRITEBYTECODE is set (this machine) or the folder is read-only, each of
+    # vLLM's three processes would otherwise compile torch's and vLLM's sources again at every start.
+    bytecode: bool = True
 
     @property
     def name(self) -> str:
@@ -73,7 +76,8 @@ class EngineEnvironment:
         python = tmp / "bin" / "python"
         # --relocatable: the folder is renamed into place once complete.
         log.run([uv, "venv", "--relocatable", "--python", self.python, str(tmp)])
-        log.run([uv, "pip", "install", "--python", str(python), *_pip_sources(), *self.requirements])
+        compiled = ["--compile-bytecode"] if self.bytecode else []
+        log.run([uv, "pip", "install", "--python", str(python), *compiled, *_pip_sources(), *self.requirements])
         if self.remove:
             log.run([uv, "pip", "uninstall", "--python", str(python), *self.remove])
         log.run([str(python), "-c", f"import {self.check}"],
