@@ -1,8 +1,11 @@
 """`roi-ladder`: sweep (a Hydra app), ui, the registry commands, serve and bench --endpoint."""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+import tempfile
+import traceback
 from pathlib import Path
 
 from experiments.climb.overrides import CONF_DIR, check_sweep_args, compose, explain
@@ -92,9 +95,6 @@ def refuse(exc) -> int:
 
 def crashed(exc: BaseException) -> int:
     """An error that is not bad input: one line, and the scrubbed traceback in a file to report."""
-    import tempfile
-    import traceback
-
     with tempfile.NamedTemporaryFile("w", prefix="roi-ladder-traceback-", suffix=".txt", delete=False) as f:
         f.write(scrub_text("".join(traceback.format_exception(exc))))
     print(f"error: {type(exc).__name__}: {one_line(str(exc))[:500]}. this is not a known input mistake; the "
@@ -111,8 +111,6 @@ REGISTRY_COMMANDS = ("promote", "rollback", "status", "capacity")
 
 def _registry_command(command: str, argv: list[str]) -> int:
     """promote / rollback / status: flags via argparse, everything else is a Hydra override."""
-    import argparse
-
     from experiments.record import registry
     from experiments.record.console import quiet_libraries
 
@@ -150,8 +148,6 @@ HTTP_COMMANDS = ("serve", "bench")
 
 def _http_command(command: str, argv: list[str]) -> int:
     """serve / bench --endpoint: flags via argparse, everything else is a Hydra override."""
-    import argparse
-
     from experiments.climb import endpoint
     from experiments.record.console import SweepConsole, level_table, quiet_libraries
     from experiments.serving.http_client import PROMPT_FORMATS
@@ -239,8 +235,6 @@ def _sweep_app() -> int:
 def scrub_hydra_record() -> None:
     """Hydra has just written the job's overrides and config (.hydra/*.yaml, multirun.yaml) as given: a
     password in tracking.uri would stay on disk in plain text."""
-    from pathlib import Path
-
     from hydra.core.hydra_config import HydraConfig
 
     hydra_cfg = HydraConfig.get()

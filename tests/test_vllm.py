@@ -15,16 +15,16 @@ import urllib.request
 import psutil
 import pytest
 from conftest import REPO, SHARED_CACHE
-from test_server_process import group
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
+from test_server_process import group
 
 from experiments.core.recipe import Candidate, Recipe, Target
 from experiments.core.request import Prompt
 from experiments.judge.fidelity import BaselineLogprobs
+from experiments.measure.load import run_level
 from experiments.serving import build_engine
 from experiments.serving.server_process import ServerFailed
-from experiments.measure.load import run_level
 from experiments.serving.servers import serve
 from experiments.targets.workload import Workload
 

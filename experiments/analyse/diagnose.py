@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from experiments.core.names import Metric, Tag
 from experiments.core.secrets import scrub_text
@@ -24,8 +25,6 @@ POINTS_AWAY_FROM_MODEL = ("cpu_side", "memory_capacity", "swinging")
 
 
 def default_rules():
-    from omegaconf import OmegaConf
-
     return OmegaConf.load(CONF)
 
 

@@ -11,6 +11,8 @@ import json
 import struct
 from pathlib import Path
 
+import psutil
+
 from experiments.analyse.roofline import weight_and_kv_bytes
 from experiments.core.errors import ConfigError
 from experiments.core.recipe import Candidate, Recipe
@@ -68,7 +70,6 @@ def available_bytes(recipe: Recipe, setting) -> tuple[int, str]:
         import torch
 
         return int(torch.cuda.mem_get_info(recipe.cuda_device)[0]), f"free on cuda:{recipe.cuda_device}"
-    import psutil
 
     return int(psutil.virtual_memory().available), "available RAM"
 

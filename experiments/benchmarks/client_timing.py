@@ -17,6 +17,8 @@ import argparse
 from dataclasses import dataclass
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 
 from experiments.core.request import Prompt
 from experiments.measure.load import closed_loop
@@ -85,9 +87,6 @@ def _p50(values) -> float:
 
 
 def main() -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--requests", type=int, default=48)

@@ -19,6 +19,7 @@ import time
 import traceback
 from pathlib import Path
 
+from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
@@ -58,8 +59,6 @@ def gpu_candidates(base) -> dict:
 
 def run_one(name: str, work: Path) -> dict:
     """One rung, in this (child) process: skipped with the rung's reason, or built, loaded and scored."""
-    from omegaconf import OmegaConf
-
     quiet_libraries()
     env = Env.detect()
     cands, workload, threads, artefacts = default_setup(Console(stderr=True))

@@ -6,6 +6,7 @@ imports none of them.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -75,8 +76,6 @@ class Env:
 
     @classmethod
     def detect(cls) -> "Env":
-        import os
-
         import torch
 
         cuda = torch.cuda.is_available()

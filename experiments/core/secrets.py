@@ -6,8 +6,10 @@ Slack), and the value of any environment variable with a secret-looking name (HF
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
+import sys
 
 MASK = "***"
 SECRET_KEY = re.compile(r"(^|[._-])(hf_)?(token|auth_token|password|passwd|secret|api_?key|access_?key|secret_?key|"
@@ -83,9 +85,6 @@ class ScrubbedStream:
 def guard_console() -> None:
     """Scrub what the CLI prints and what anything logs (the record itself, so every handler Hydra or a
     library installs later writes the scrubbed text)."""
-    import logging
-    import sys
-
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if not isinstance(stream, ScrubbedStream):

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import stats
+from scipy.special import logsumexp
 
 from experiments.judge.fidelity import logprob_scorer, predicting
 from experiments.judge.gate import Criterion
@@ -53,8 +54,6 @@ class StepScores:
 
     @classmethod
     def of(cls, rows: np.ndarray) -> "StepScores":
-        from scipy.special import logsumexp
-
         rows = np.asarray(rows, dtype=np.float64)
         rows = rows - logsumexp(rows, axis=-1, keepdims=True)
         k = min(TOP_K, rows.shape[-1])

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import time
 from contextlib import contextmanager
 
@@ -20,9 +22,6 @@ LOG_EVERY_S = 15.0
 
 def quiet_libraries() -> None:
     """Library chatter (progress bars, per-request warnings) would bury what the user came for."""
-    import logging
-    import os
-
     import transformers
 
     os.environ.setdefault("TQDM_DISABLE", "1")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402  (after choosing the headless backend)
@@ -18,8 +19,6 @@ def objective(outcome, metric: str, stat: str, level: int) -> float | None:
     values = outcome.bench.level(level).values(metric)
     if len(values) == 0:
         return None
-    import numpy as np
-
     return float(values.mean()) if stat == "mean" else float(np.percentile(values, float(stat[1:])))
 
 

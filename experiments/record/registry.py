@@ -13,6 +13,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 
 import mlflow
@@ -203,14 +204,12 @@ def _typed(text: str, like):
 
 
 def _requirements() -> list[str]:
-    from importlib.metadata import PackageNotFoundError, version
-
     pins = []
     for dist in ("roi-ladder", "mlflow", "torch", "transformers", "onnxruntime-genai", "onnxruntime",
                  "hydra-core", "omegaconf"):
         try:
-            pins.append(f"{dist}=={version(dist)}")
-        except PackageNotFoundError:
+            pins.append(f"{dist}=={metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
             continue
     return pins
 

@@ -1,16 +1,26 @@
 """MLflow: one parent run per sweep, one child run per rung; sqlite + a local artefact root by default."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
+import ssl
 import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
+import psutil
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
 from experiments.core.errors import ConfigError, SweepInterrupted
 from experiments.core.secrets import scrub_params, scrub_text, scrub_tree
@@ -31,8 +41,6 @@ def connect(cfg) -> str:
     lock on a file beside the database, and of two jobs creating one experiment the loser takes the winner's.
     The experiment gets an explicit artefact location under tracking.artifact_root (or artefacts would land in
     the CWD); without one (tracking=server) the server's, and artefacts go through the server."""
-    import fcntl
-
     uri, shown = str(cfg.uri), scrub_text(str(cfg.uri))
     probe(cfg)
     try:
@@ -82,11 +90,6 @@ def probe(cfg) -> None:
 
 def _probe_server(uri: str, experiment: str) -> None:
     """A server that is down or failing is told in PROBE_TIMEOUT_S: MLflow's own client retries for minutes."""
-    import ssl
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-
     shown = scrub_text(uri)
     url = f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/get-by-name?" + urllib.parse.urlencode(
         {"experiment_name": experiment})
@@ -111,8 +114,6 @@ def _probe_server(uri: str, experiment: str) -> None:
 def _probe_database(uri: str) -> None:
     """A database that is down, refuses the login or lacks its driver is told in PROBE_TIMEOUT_S: MLflow
     retries a failed connection for about two minutes before it gives up with a traceback."""
-    import threading
-
     import sqlalchemy
     from sqlalchemy.pool import NullPool
 
@@ -149,8 +150,6 @@ def _probe_database(uri: str) -> None:
 
 def _probe_sqlite(db: Path, shown: str) -> None:
     """An sqlite file MLflow could not write fails now, not at the first logged metric."""
-    import tempfile
-
     try:
         db.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=db.parent, prefix=".write-probe-"):   # unique: parallel sweeps
@@ -186,8 +185,6 @@ def log_params(params: dict[str, str]) -> None:
 
 
 def log_series(series: dict[str, list[tuple[int, float]]], prefix: str = "") -> None:
-    import time
-
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
@@ -270,8 +267,6 @@ def attach(uri: str, run_id: str):
 
 
 def environment() -> dict:
-    import psutil
-
     versions = {}
     for pkg in ("torch", "transformers", "onnxruntime", "onnxruntime_genai", "lm_eval", "mlflow", "hydra",
                 "numpy", "scipy"):
@@ -315,8 +310,6 @@ def write_json(obj, artifact_path: str) -> None:
 
 def log_config(cfg, path: str = "config/resolved.yaml", params: bool = True) -> None:
     """The resolved config as params (flattened) and as a YAML artefact, secrets masked in both."""
-    from omegaconf import OmegaConf
-
     resolved = scrub_tree(OmegaConf.to_container(cfg, resolve=True))
     if params:
         log_params(flatten(resolved))

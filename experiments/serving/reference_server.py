@@ -23,6 +23,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.request import urlopen
 
 MODEL = "reference"
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)   # Linux's value; Python does not export it
@@ -145,8 +146,6 @@ class ReferenceServer:
 
     def stamps(self, clear: bool = True) -> list[tuple]:
         """(prompt, request line in, token writes begun) per request finished since the last clear."""
-        from urllib.request import urlopen
-
         with urlopen(f"{self.url}/stamps{'?clear=1' if clear else ''}", timeout=10) as resp:
             return json.loads(resp.read())
 

@@ -9,6 +9,7 @@ reuses it.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -155,8 +156,6 @@ def decoder_layers(model):
 
 def init_student(teacher, student_layers: int):
     """The teacher's architecture with `student_layers` decoder layers, each a copy of a kept teacher layer."""
-    import copy
-
     from transformers import AutoModelForCausalLM
 
     keep = kept_layers(teacher.config.num_hidden_layers, student_layers)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from experiments.core.artefacts import cached, model_identity
 from experiments.core.recipe import Candidate
 from experiments.judge.accuracy import TokenizedLM
