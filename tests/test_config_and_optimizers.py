@@ -27,6 +27,23 @@ def test_every_profile_composes(profile, tmp_path):
     assert cfg.tracking.uri == f"sqlite:///{tmp_path}/mlflow.db"
 
 
+LADDERS = {"serving-quantized": ["baseline", "onnxruntime", "vllm", "int8", "int4", "llama_cpp", "kv_cache_dtype",
+                                  "speculative_ngram"],
+           "llama-cpp": ["baseline", "llama_cpp", "int8", "int4", "kv_cache_dtype", "speculative_ngram",
+                         "prefix_caching"],
+           "vllm": ["baseline", "vllm", "half_precision", "cuda_graph", "fp8", "speculative_ngram", "kv_cache_dtype",
+                    "prefix_caching"]}
+
+
+@pytest.mark.parametrize("ladder", sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "ladder").glob("*.yaml")))
+def test_every_ladder_composes_and_builds_its_rungs_in_order(ladder, tmp_path):
+    cfg = compose([f"ladder={ladder}", f"data_dir={tmp_path}"])
+    names = [name for name, _ in load_rungs(cfg)]
+    assert names[0] == "baseline" and names == list(cfg.ladder.rungs)
+    assert names == LADDERS.get(ladder, names)
+    assert set(cfg.ladder.required) <= set(names)
+
+
 def test_smollm2_brings_its_own_profile_and_the_command_line_still_wins(tmp_path):
     # `make sweep target=smollm2` must run what docs/results.md measured: profile=smollm2, not the tiny model's demo
     cfg = compose(["target=smollm2", f"data_dir={tmp_path}"])
