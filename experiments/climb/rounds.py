@@ -29,7 +29,7 @@ def performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate, 
     if not rounds_cfg.rounds:
         return [gate.performance(champion.bench, bench)]
     if rounds_cfg.get("skip_without_recorded_gain", True):
-        decided = gate.withoutrounds_of(champion.bench, bench)
+        decided = gate.without_rounds(champion.bench, bench)
         if decided:
             rung_log.note(Tag.GATE_INTERLEAVED, "not run: the recorded runs show no gain, which no rounds "
                                                 "could turn into an acceptance")
