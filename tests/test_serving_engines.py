@@ -3,6 +3,7 @@ becomes, the swap rung, fidelity from a server's top-K log-probs, and the pause 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -294,6 +295,12 @@ def test_kv_cache_type_and_ngram_speculation_become_each_engines_flags():
     args = llama_command(spec.apply(kv.apply(llama)), Path("llama-server"), Path("m.gguf"), 2, 8192)
     assert flags(args)["--cache-type-k"] == "q8_0" and flags(args)["--flash-attn"] == "on"
     assert flags(args)["--spec-type"] == "ngram-simple" and args[args.index("-c") + 1] == str(2048 * 16)
+    # no prompt cache unless prefix caching is asked for: neither in the KV cache nor in host memory (the RAM
+    # copy, 8 GiB by default, grew ~2 MB a request with the prompt cache off and failed the soak as a leak)
+    assert "--no-cache-prompt" in args and flags(args)["--cache-ram"] == "0"
+    cached = llama_command(replace(llama, recipe=replace(llama.recipe, prefix_caching=True)), Path("llama-server"),
+                           Path("m.gguf"), 2, 8192)
+    assert "--cache-prompt" in cached and "--cache-ram" not in cached
     served = ServingEngineSwap("vllm").apply(candidate())
     assert "fp8 on a GPU here" in kv.check(CPU, served)                   # vLLM on CPU: no fp8 KV cache
     speculative = flags(command(spec.apply(served), "py"))

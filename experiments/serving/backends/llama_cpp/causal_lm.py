@@ -4,7 +4,8 @@ itself), served by the native server built here (build.py).
 The recipe maps onto llama.cpp's own settings: precision -> the GGUF's type (F32, BF16, F16); quantization int8 ->
 Q8_0, int4 -> Q4_K_M, made from the user's own weights by llama-quantize; continuous batching's max_batch ->
 --parallel (slots); prefix_caching -> its prompt cache (off otherwise: --no-cache-prompt, so that a repeated
-prompt is not measured as a faster engine).
+prompt is not measured as a faster engine, and --cache-ram 0: its host-memory copy of past prompts, 8 GiB by
+default, kept growing by ~2 MB a request even with the prompt cache off, which the soak judged a leak).
 
 llama-server returns no prompt log-probs (it ignores `echo`), so each position is scored by asking for one token
 with that position's real next token forced by a logit bias: the probabilities it reports come from the raw
@@ -135,7 +136,9 @@ def command(cand: Candidate, server: Path, gguf: Path, threads: int, model_conte
     context = min(model_context, MAX_CONTEXT)
     args = [str(server), "-m", str(gguf), "--alias", cand.target.name, "--host", "127.0.0.1", "--port", "{port}",
             "--parallel", str(slots), "-c", str(context * slots), "--threads", str(threads), "--metrics",
-            "--no-webui", "--cache-prompt" if r.prefix_caching else "--no-cache-prompt"]
+            "--no-webui"]
+    # with prefix caching, the host-memory prompt cache stays at llama-server's default (8 GiB): the soak judges it
+    args += ["--cache-prompt"] if r.prefix_caching else ["--no-cache-prompt", "--cache-ram", "0"]
     if r.kv_cache_dtype == "int8":
         # a quantized V cache needs flash attention
         args += ["--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--flash-attn", "on"]
