@@ -47,6 +47,21 @@ def pytest_sessionstart(session):
     config = session.config
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         print(f"\nthe built-in model, before the workers start: {built_model()}", flush=True)
+        if "not slow" not in (config.option.markexpr or ""):
+            print(f"vLLM's environment, before the workers start: {vllm_environment()}", flush=True)
+
+
+def vllm_environment() -> str:
+    """Made once per machine (uv, then its bytecode compiled on both cores: 1-3 min). Made beside the other
+    worker's first sweep, it disturbed that sweep's measurements until its gate rejected an exact engine swap as
+    inconsistent. A failure is test_vllm's to report."""
+    from experiments.serving.backends.vllm.causal_lm import ENVIRONMENTS
+    from experiments.serving.environments import EngineUnavailable, engines_home
+
+    try:
+        return str(ENVIRONMENTS["cpu"].ensure(engines_home(), print))
+    except EngineUnavailable as exc:
+        return f"not made ({exc})"
 
 
 @pytest.fixture(scope="session")
