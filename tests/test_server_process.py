@@ -228,6 +228,10 @@ def test_a_server_whose_starter_is_killed_does_not_live_on(tmp_path, paused):
     servers when it sees the sweep die (isolation, server_process.kill_all); here the starter does it at exit."""
     import subprocess
 
+    if paused and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        # nohup's SIG_IGN is inherited through exec: the kernel's SIGHUP then ends nothing and SIGCONT resumes the
+        # group (found when CI was started under nohup; the fake servers lived on, running)
+        pytest.skip("SIGHUP is ignored here (started under nohup): an orphaned, stopped group is resumed, not ended")
     code = STARTER.format(fake=FAKE, log=str(tmp_path / "server.log"), paused=paused)
     if not paused:
         code = code.replace("print(server.pid", "import signal; signal.signal(signal.SIGTERM, lambda *a: "
@@ -238,4 +242,4 @@ def test_a_server_whose_starter_is_killed_does_not_live_on(tmp_path, paused):
     assert group(pgid)
     starter.send_signal(signal.SIGKILL if paused else signal.SIGTERM)
     starter.wait()
-    assert wait_for(lambda: group(pgid) == [], 25)      # ended, and reaped by init (slower under CI's load)
+    assert wait_for(lambda: group(pgid) == [], 10)      # ended, and reaped by init
