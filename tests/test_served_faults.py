@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -63,7 +64,8 @@ def test_a_server_that_dies_during_a_level_fails_the_level_by_name(tmp_path):
     engine = served(tmp_path, "--crash-after", "2.5", "--token-ms", "20")
     server = serve(engine)
     try:
-        with pytest.raises(ServerFailed, match="(?s)exited with code 7 during the level at concurrency 2; .*segfault in the fake kernel"):
+        with pytest.raises(ServerFailed, match="(?s)exited with code 7 during the level at concurrency 2; "
+                                               ".*segfault in the fake kernel"):
             run_ladder(server, WORKLOAD, LOAD)
     finally:
         server.close()
@@ -94,8 +96,8 @@ STARTER = textwrap.dedent("""
 
 def test_ctrl_c_while_a_served_engine_starts_ends_its_whole_group(tmp_path):
     name = f"fake-{tmp_path.name}"
-    starter = subprocess.Popen([sys.executable, "-c", STARTER.format(tests=str(FAKE.rsplit("/", 1)[0]),
-                                                                     tmp=str(tmp_path))],
+    code = STARTER.format(tests=str(Path(__file__).parent), tmp=str(tmp_path))
+    starter = subprocess.Popen([sys.executable, "-c", code],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert wait_for(lambda: len(servers_of(name)) == 1, 20), "the stand-in server never started"

@@ -35,12 +35,12 @@ def performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate, 
                                                 "could turn into an acceptance")
             return [decided]
     c = gate.objective_concurrency(champion.bench)
-    rounds = rounds_of(champion.candidate, cand, sweep, name, apart, c, 1)
+    rounds = _rounds(champion.candidate, cand, sweep, name, apart, c, 1)
     consistency = gate.consistency(rounds, champion.bench, bench)
     if not consistency.passed:
         rung_log.note(Tag.GATE_FIRST_MEASUREMENT, f"inconsistent, measured again: {consistency.detail}")
         rung_log.log_rounds(rounds, cfg.gate.objective, "gate/first_interleaved_rounds.csv", "gate/first_round_ratio")
-        rounds = rounds_of(champion.candidate, cand, sweep, name, apart, c, 2)
+        rounds = _rounds(champion.candidate, cand, sweep, name, apart, c, 2)
         consistency = gate.consistency(rounds, champion.bench, bench)
     rung_log.log_rounds(rounds, cfg.gate.objective, "gate/interleaved_rounds.csv", "gate/round_ratio")
     rung_log.note(Tag.GATE_INTERLEAVED,
@@ -48,7 +48,7 @@ def performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate, 
     return [gate.interleaved(rounds), consistency]
 
 
-def rounds_of(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart: contender.Apart, c: int,
+def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart: contender.Apart, c: int,
             attempt: int) -> interleaved.Rounds:
     cfg = sweep.cfg
     why = "" if attempt == 1 else " (again: the first was inconsistent)"

@@ -23,24 +23,24 @@ def accuracy_criteria(champion: RungOutcome, outcome: RungOutcome, sweep: Sweep,
         # the challenger's are scores another rung's gate completed: the champion's must pair with them, or,
         # for a rung already rejected, the challenger's are judged on the champion's documents
         if pursue:
-            champion.accuracy = completed(champion, sweep, name, "champion", apart)
+            champion.accuracy = _completed(champion, sweep, name, "champion", apart)
         else:
             challenger = [c.only(k.ids) for k, c in zip(champion.accuracy, challenger)]
-    criteria = per_score(sweep.gate, champion.accuracy, challenger)
+    criteria = _per_score(sweep.gate, champion.accuracy, challenger)
     if not any(c.undecided for c in criteria):
         return criteria
     if not pursue or any(not c.passed and not c.undecided for c in criteria):
         why = "another criterion failed" if not pursue else "another accuracy criterion failed"
         return [replace(c, detail=f"{c.detail}; the other documents were not scored: {why}")
                 if c.undecided else c for c in criteria]
-    outcome.accuracy = completed(outcome, sweep, name, "challenger", apart)
+    outcome.accuracy = _completed(outcome, sweep, name, "challenger", apart)
     rung_log.log_accuracy(outcome.accuracy)
-    champion.accuracy = completed(champion, sweep, name, "champion", apart)
-    last = per_score(sweep.gate, champion.accuracy, outcome.accuracy)
+    champion.accuracy = _completed(champion, sweep, name, "champion", apart)
+    last = _per_score(sweep.gate, champion.accuracy, outcome.accuracy)
     return [new if old.undecided else old for old, new in zip(criteria, last)]
 
 
-def completed(side: RungOutcome, sweep: Sweep, name: str, who: str, apart: contender.Apart) -> list:
+def _completed(side: RungOutcome, sweep: Sweep, name: str, who: str, apart: contender.Apart) -> list:
     key = contender.numerics_key(side.candidate)
     known = sweep.scores.get(key, [side.accuracy])[0]           # completed by an earlier rung's gate?
     if not any(r.missing() for r in known):
@@ -53,7 +53,7 @@ def completed(side: RungOutcome, sweep: Sweep, name: str, who: str, apart: conte
     return done
 
 
-def per_score(gate: Gate, champion: list[AccuracyReport], challenger: list[AccuracyReport]) -> list[Criterion]:
+def _per_score(gate: Gate, champion: list[AccuracyReport], challenger: list[AccuracyReport]) -> list[Criterion]:
     """One criterion per gated score; with several, each named after what tells it apart (the metric within
     one task, as recall@1 and @5; else the task) so none overwrites another's tag and numbers."""
     criteria = [gate.accuracy(c, n) for c, n in zip(champion, challenger)]

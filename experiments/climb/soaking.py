@@ -13,7 +13,7 @@ from experiments.serving.servers import serve
 
 
 def soaked(cand, bench, criteria, sweep: Sweep, name: str, run_id: str, apart: contender.Apart) -> list[Criterion]:
-    if skipped(criteria, sweep.cfg):
+    if _skipped(criteria, sweep.cfg):
         return soak_criterion(None, bench, criteria, sweep, name)      # tags why; builds nothing
     with sweep.ui.stage(f"{name}: soak, on a fresh build in a process of its own") as st:
         return contender.soaked(soak_criterion, cand, bench, criteria, sweep, name, run_id, apart,
@@ -24,7 +24,7 @@ def soak_criterion(engine, bench: BenchmarkReport, criteria: list[Criterion], sw
                    name: str) -> list[Criterion]:
     """Cheapest first: only a challenger that passed every other criterion is held under load this long."""
     cfg = sweep.cfg
-    why = skipped(criteria, cfg)
+    why = _skipped(criteria, cfg)
     if why:
         rung_log.note(Tag.SOAK, f"skipped: {why}")
         return []
@@ -48,7 +48,7 @@ def soak_criterion(engine, bench: BenchmarkReport, criteria: list[Criterion], sw
     return [crit]
 
 
-def skipped(criteria: list[Criterion], cfg) -> str | None:
+def _skipped(criteria: list[Criterion], cfg) -> str | None:
     failed = [c.name for c in criteria if not c.passed]
     if failed:
         return f"{', '.join(failed)} failed first"

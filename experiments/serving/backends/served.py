@@ -192,6 +192,7 @@ class ServedEndpoint(EndpointServer):
 class ServerLogprobs:
     """token ids -> TopLogprobs (fidelity): the server's top-K prompt log-probs of the sequence, plus the top K
     after its last token (from the one token it is asked to generate)."""
+
     def __init__(self, engine: ServedEngine, top_k: int):
         self.engine, self.top_k = engine, top_k
 
