@@ -125,6 +125,12 @@ def test_a_command_without_port_or_program_is_refused(tmp_path):
         ServerProcess([sys.executable, FAKE, "--port", "8000"], tmp_path / "server.log")
     with pytest.raises(ConfigError, match="not found"):
         ServerProcess(["/no/such/server", "--port", "{port}"], tmp_path / "server.log").start(timeout_s=5)
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)      # under nohup: started through HUP_DEFAULT
+    try:
+        with pytest.raises(ConfigError, match="not found"):
+            ServerProcess(["/no/such/server", "--port", "{port}"], tmp_path / "server.log").start(timeout_s=5)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def test_stop_ends_the_whole_group_and_leaves_no_zombie(tmp_path):
@@ -209,7 +215,9 @@ def test_ctrl_c_during_start_up_ends_the_group(tmp_path, monkeypatch):
 
 
 STARTER = """
-import sys, time
+import signal, sys, time
+if {nohup}:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)   # as nohup leaves it
 from pathlib import Path
 from experiments.serving.server_process import ServerProcess
 server = ServerProcess([sys.executable, {fake!r}, "--port", "{{port}}"], Path({log!r}))
@@ -221,18 +229,17 @@ time.sleep(60)
 """
 
 
+@pytest.mark.parametrize("nohup", [False, True])
 @pytest.mark.parametrize("paused", [True, False])
-def test_a_server_whose_starter_is_killed_does_not_live_on(tmp_path, paused):
+def test_a_server_whose_starter_is_killed_does_not_live_on(tmp_path, paused, nohup):
     """SIGKILL leaves no atexit to run. Paused: the kernel ends a stopped group orphaned by its parent's death
     (SIGHUP, SIGCONT), which it does because the group is in our session. Running: a measuring child ends its
-    servers when it sees the sweep die (isolation, server_process.kill_all); here the starter does it at exit."""
+    servers when it sees the sweep die (isolation, server_process.kill_all); here the starter does it at exit.
+    Under nohup (SIGHUP ignored, which exec would pass on) the server is started with SIGHUP at its default: a
+    paused server that kept nohup's SIG_IGN was resumed by the kernel's SIGCONT and lived on, serving."""
     import subprocess
 
-    if paused and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
-        # nohup's SIG_IGN is inherited through exec: the kernel's SIGHUP then ends nothing and SIGCONT resumes the
-        # group (found when CI was started under nohup; the fake servers lived on, running)
-        pytest.skip("SIGHUP is ignored here (started under nohup): an orphaned, stopped group is resumed, not ended")
-    code = STARTER.format(fake=FAKE, log=str(tmp_path / "server.log"), paused=paused)
+    code = STARTER.format(fake=FAKE, log=str(tmp_path / "server.log"), paused=paused, nohup=nohup)
     if not paused:
         code = code.replace("print(server.pid", "import signal; signal.signal(signal.SIGTERM, lambda *a: "
                                                 "(__import__('experiments.serving.server_process', fromlist=['x'])"

@@ -18,9 +18,11 @@ import atexit
 import contextlib
 import http.client
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Mapping
@@ -37,6 +39,11 @@ PROBE_TIMEOUT_S = 2.0
 SETTLE_S = 5.0           # how long the group may take to act on SIGSTOP or SIGKILL
 LOG_TAIL_LINES = 20
 EXITED = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+# Under nohup, SIGHUP is ignored, and exec keeps an ignored signal ignored: a server orphaned while paused would
+# then be resumed by the kernel's SIGCONT, not ended by its SIGHUP. The server is exec'd from this instead,
+# with SIGHUP back to its default (a signal's disposition is reset only where it was caught, never where ignored).
+HUP_DEFAULT = [sys.executable, "-I", "-S", "-c", "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                                                 "os.execvp(sys.argv[1], sys.argv[1:])"]
 _LIVE: set[int] = set()   # process groups of the servers this process started and has not stopped
 # A proxy from the environment (http_proxy) must not stand in for the server on 127.0.0.1.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -96,9 +103,14 @@ class ServerProcess:
         _check_free(self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         began = time.monotonic()
+        command = self.command
         try:
+            if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+                if shutil.which(command[0]) is None:
+                    raise FileNotFoundError(command[0])
+                command = HUP_DEFAULT + command
             with open(self.log_path, "wb") as log:
-                self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log,
+                self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
                                               stderr=subprocess.STDOUT, env=self.env, process_group=0)
         except FileNotFoundError:
             raise ConfigError(f"the server program {self.command[0]!r} is not found",
