@@ -55,8 +55,8 @@ def _command(command: str, rest: list[str]) -> int:
     if command in HTTP_COMMANDS:
         return _http_command(command, rest)
     if command == "ui":
-        from experiments.record.console import quiet_libraries
-        from experiments.record.ui import serve_ui
+        from experiments.record.console import quiet_libraries  # start-up
+        from experiments.record.ui import serve_ui  # start-up
 
         quiet_libraries()
         return serve_ui(_compose(rest))
@@ -68,7 +68,7 @@ def guarded(work) -> int:
     """The one error boundary: whatever `work` raises is one scrubbed `error: ...` line and an exit status,
     never a traceback. Bad input (a ConfigError, a Hydra override, a folder that cannot be made) exits 2; an
     unexpected failure exits 1 with its traceback kept in a file."""
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException  # start-up
 
     try:
         return work() or 0
@@ -111,8 +111,8 @@ REGISTRY_COMMANDS = ("promote", "rollback", "status", "capacity")
 
 def _registry_command(command: str, argv: list[str]) -> int:
     """promote / rollback / status: flags via argparse, everything else is a Hydra override."""
-    from experiments.record import registry
-    from experiments.record.console import quiet_libraries
+    from experiments.record import registry  # start-up
+    from experiments.record.console import quiet_libraries  # start-up
 
     parser = argparse.ArgumentParser(prog=f"roi-ladder {command}", allow_abbrev=False,
                                      epilog="other arguments are Hydra overrides, e.g. data_dir=... target=...")
@@ -148,10 +148,10 @@ HTTP_COMMANDS = ("serve", "bench")
 
 def _http_command(command: str, argv: list[str]) -> int:
     """serve / bench --endpoint: flags via argparse, everything else is a Hydra override."""
-    from experiments.climb import endpoint
-    from experiments.record.console import SweepConsole, level_table, quiet_libraries
-    from experiments.serving.http_client import PROMPT_FORMATS
-    from experiments.serving.http_server import DEFAULT_HOST
+    from experiments.climb import endpoint  # start-up
+    from experiments.record.console import SweepConsole, level_table, quiet_libraries  # start-up
+    from experiments.serving.http_client import PROMPT_FORMATS  # start-up
+    from experiments.serving.http_server import DEFAULT_HOST  # start-up
 
     parser = argparse.ArgumentParser(prog=f"roi-ladder {command}", allow_abbrev=False,
                                      epilog="other arguments are Hydra overrides, e.g. benchmark.concurrency=[1,4]")
@@ -204,7 +204,7 @@ def _compose(overrides: list[str]):
 def _sweep_app() -> int:
     """Hydra runs the jobs; each job's failure is reported by the boundary inside it, so Hydra never prints
     its own error (whose "Error executing job with overrides: [...]" line would echo a password)."""
-    import hydra
+    import hydra  # start-up
 
     check_sweep_args(sys.argv[1:])
     codes: list[int] = []
@@ -235,7 +235,7 @@ def _sweep_app() -> int:
 def scrub_hydra_record() -> None:
     """Hydra has just written the job's overrides and config (.hydra/*.yaml, multirun.yaml) as given: a
     password in tracking.uri would stay on disk in plain text."""
-    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.hydra_config import HydraConfig  # start-up
 
     hydra_cfg = HydraConfig.get()
     saved = [Path(hydra_cfg.sweep.dir) / "multirun.yaml"]   # a multirun's, written before its first job
@@ -246,8 +246,8 @@ def scrub_hydra_record() -> None:
 
 
 def _sweep_job(cfg) -> int:
-    from experiments.climb.ladder import run_sweep
-    from experiments.record.console import SweepConsole, quiet_libraries
+    from experiments.climb.ladder import run_sweep  # start-up
+    from experiments.record.console import SweepConsole, quiet_libraries  # start-up
 
     quiet_libraries()
     ui = SweepConsole()

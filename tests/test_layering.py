@@ -5,6 +5,8 @@ as imports: a lazy import still runs."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,3 +173,56 @@ def test_every_module_is_at_most_400_lines():
     modules, _, _ = _graph()
     long = {str(p.relative_to(ROOT)): n for p in modules.values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+# --- imports at the top; inside a function only with its reason ------------------------------------------
+REASONS = ("heavy", "optional", "start-up")
+# Seconds to import each, and hundreds of MB: loaded by the function that uses them (`# heavy`), so that
+# importing the climb, the CLI, every engine class, kind and optimizer (what a sweep's parent process does
+# before it refuses bad input) loads none of them.
+HEAVY = ("transformers", "tokenizers", "onnxruntime", "onnxruntime_genai", "onnx", "openvino", "nncf", "datasets",
+         "gguf", "sqlalchemy", "torch_tensorrt", "torchao", "pynvml")
+# What `roi-ladder --help`, `status` and a refused override must answer without (`# start-up`).
+START_UP_FREE = ("torch", "mlflow", "hydra", "lm_eval", "matplotlib") + HEAVY
+
+
+def function_imports(path: Path):
+    """(line number, line) of every import inside a function."""
+    lines = path.read_text().splitlines()
+    tree = ast.parse("\n".join(lines), str(path))
+    for func in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        for node in ast.walk(func):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                yield node.lineno, lines[node.lineno - 1]
+
+
+def test_an_import_inside_a_function_says_why():
+    """At the top unless there is a reason, and the reason is written: `# heavy` (a library of seconds that
+    only this function needs), `# optional` (a package that may be absent: the GPU extras), `# start-up`
+    (the CLI's commands, each loading what it runs)."""
+    silent = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in _modules().values()
+              for n, line in set(function_imports(path))
+              if line.partition("#")[2].strip().split(";")[0].strip() not in REASONS]
+    assert silent == []
+
+
+def _loaded_by(code: str, names: tuple[str, ...]) -> list[str]:
+    code += f"\nimport sys; print(sorted(set(sys.modules) & {set(names)!r}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return ast.literal_eval(out.stdout.strip().splitlines()[-1])
+
+
+def test_heavy_imports_wait_for_the_function_that_needs_them():
+    """What the `# heavy` comments claim: the sweep's own modules, every engine class, kind and optimizer
+    import without loading them."""
+    code = ("import importlib, pkgutil\nimport experiments.cli, experiments.climb.ladder, experiments.climb.endpoint\n"
+            "import experiments.serving.backends as b, experiments.targets.kinds as k, optimizers as o\n"
+            "for pkg in (b, k, o):\n"
+            "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
+            "        importlib.import_module(m.name)\n")
+    assert _loaded_by(code, HEAVY) == []
+
+
+def test_the_cli_starts_without_the_libraries_its_commands_load():
+    assert _loaded_by("import experiments.cli", START_UP_FREE) == []

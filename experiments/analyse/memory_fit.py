@@ -12,6 +12,7 @@ import struct
 from pathlib import Path
 
 import psutil
+import torch
 
 from experiments.analyse.roofline import weight_and_kv_bytes
 from experiments.core.errors import ConfigError
@@ -67,8 +68,6 @@ def available_bytes(recipe: Recipe, setting) -> tuple[int, str]:
     if setting is not None:
         return int(float(setting)), "hardware.memory_bytes"
     if recipe.execution_provider == "cuda":
-        import torch
-
         return int(torch.cuda.mem_get_info(recipe.cuda_device)[0]), f"free on cuda:{recipe.cuda_device}"
 
     return int(psutil.virtual_memory().available), "available RAM"

@@ -15,6 +15,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+from torch.profiler import ProfilerActivity, profile
+
 
 @dataclass(frozen=True)
 class OpTime:
@@ -79,8 +81,6 @@ def _decode_steps(engine, prompt_ids, steps, profiler) -> float:
 
 
 def _torch(engine, prompt_ids, steps) -> StepProfile:
-    from torch.profiler import ProfilerActivity, profile
-
     cuda = getattr(engine, "device", None) is not None and engine.device.type == "cuda"
     prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
     step_ms = _decode_steps(engine, prompt_ids, steps, prof)
@@ -91,7 +91,7 @@ def _torch(engine, prompt_ids, steps) -> StepProfile:
 
 
 def _onnxruntime(engine, prompt_ids, steps) -> StepProfile:
-    import onnxruntime_genai as og
+    import onnxruntime_genai as og  # heavy
 
     with tempfile.TemporaryDirectory(prefix="roi-ortprof-") as tmp:
         config = engine._config()

@@ -12,6 +12,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+from matplotlib.figure import Figure
+from matplotlib.ticker import EngFormatter
+
 # Bytes per stored value of a precision or a weight quantization scheme (int4 packs two weights per byte);
 # memory_fit sizes with it too.
 DTYPE_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "fp8": 1.0, "int4": 0.5}
@@ -139,8 +143,6 @@ def measure_local_cpu(seconds: float, matmul_size: int, copy_bytes: int, name: s
     """This CPU's peaks as torch sees them (with its current intra-op threads): float32 matmul FLOP/s, and
     copy bandwidth with read + write bytes counted, each the best run within half of `seconds`. The best, not
     the mean, because the roofline asks what the machine can do; other load only ever slows a run down."""
-    import torch
-
     n = matmul_size
     a, b, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
     flops = _best_rate(lambda: torch.mm(a, b, out=out), 2.0 * n ** 3, seconds / 2)
@@ -320,9 +322,6 @@ def _si(x: float) -> str:
 def plot(report: Roofline, path: Path | str | None = None):
     """The roofline (log-log: the bandwidth slope, then the compute roof) with prefill and decode marked.
     A bare Figure (no pyplot) renders with Agg and leaves no global state behind in a long sweep."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import EngFormatter
-
     hw = report.hardware
     points = report.phases
     lo = min([hw.ridge] + [p.cost.intensity for p in points]) / 10

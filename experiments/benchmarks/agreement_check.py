@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
+from transformers import AutoModelForCausalLM
 
 from experiments.benchmarks.agreement_variants import BROKEN, HARMLESS, OTHER, VariantEngine
 from experiments.benchmarks.common import compose_default
@@ -60,8 +61,6 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     quiet_libraries()
     console = Console(width=160)
-    from transformers import AutoModelForCausalLM
-
     probe = compose_default(args.overrides)
     per_trial = int(probe.target.agreement.prompts)
     # no lm-eval task: only the workload, the fidelity windows and the agreement settings are used

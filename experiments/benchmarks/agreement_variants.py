@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from transformers import DynamicCache
 
 from experiments.serving.backends.pytorch.quantize import quantize
 
@@ -46,8 +47,6 @@ class VariantEngine:
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], max_new_tokens: int):
-        from transformers import DynamicCache
-
         cache = DynamicCache(config=self.model.config)
         step_input = torch.tensor([prompt_ids], dtype=torch.long)
         position = torch.arange(len(prompt_ids))

@@ -110,7 +110,8 @@ def main() -> None:
                 t = measure(ref, c, max(args.requests, 3 * c), args.tokens)
                 e_ttft, e_itl, e_tpot = t.errors(args.ttft_ms, args.itl_ms)
                 table.add_row(str(c), str(t.n), f"{t.ttft_ms:.2f}", f"{t.server_ttft_ms:.2f}", f"{e_ttft:+.2f}",
-                              f"{t.client_ms:+.2f}", f"{t.to_server_ms:.2f}", f"{t.back_ms:.2f}", f"{t.itl_ms:.2f}", f"{t.server_itl_ms:.2f}", f"{e_itl:+.2f}", f"{t.tpot_ms:.2f}",
+                              f"{t.client_ms:+.2f}", f"{t.to_server_ms:.2f}", f"{t.back_ms:.2f}", f"{t.itl_ms:.2f}",
+                              f"{t.server_itl_ms:.2f}", f"{e_itl:+.2f}", f"{t.tpot_ms:.2f}",
                               f"{e_tpot:+.2f}", "yes" if abs(e_ttft) <= GOAL_TTFT_MS else "NO")
             console.print(table)
     console.print("receive stamps: " + ("the kernel's (SO_TIMESTAMPNS)" if stamped_socket.SUPPORTED

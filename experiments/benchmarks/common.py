@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
+from transformers import AutoTokenizer
+
+import experiments  # noqa: F401  (config resolvers)
 from experiments.core.recipe import Candidate
 from experiments.targets.resolve import resolve
 from experiments.targets.workload import Workload
@@ -15,10 +19,6 @@ from optimizers.torch_compile import TorchCompile
 
 
 def compose_default(overrides=()):
-    from hydra import compose, initialize_config_dir
-
-    import experiments  # noqa: F401  (config resolvers)
-
     conf = str(Path(__file__).resolve().parents[2] / "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
@@ -27,8 +27,6 @@ def compose_default(overrides=()):
 def default_setup(console, overrides=()):
     cfg = compose_default(overrides)
     target, texts, _ = resolve(cfg.target, Path(cfg.cache_dir), Path(cfg.data_dir), console.print)
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(target.model_dir)
     wl = cfg.target.workload
     workload = Workload.from_texts(texts, tok, wl.input_tokens, wl.output_tokens, wl.prompts, 16, cfg.seed,

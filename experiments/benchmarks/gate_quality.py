@@ -39,6 +39,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 from scipy import stats
+from transformers import AutoTokenizer
 
 from experiments.benchmarks.common import compose_default
 from experiments.benchmarks.gate_accuracy import (
@@ -92,8 +93,6 @@ def setup(console, overrides=()):
     cfg = compose_default(overrides)
     check_config(cfg.gate)
     target, texts, shipped_tasks = resolve(cfg.target, Path(cfg.cache_dir), Path(cfg.data_dir), console.print)
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(target.model_dir)
     wl = cfg.target.workload
     workload = Workload.from_texts(texts, tokenizer, wl.input_tokens, wl.output_tokens, wl.prompts,
@@ -369,7 +368,8 @@ def main() -> None:
         scenarios = (args.part,) if args.part in ("drop", "harmless") else ("drop", "harmless")
         console.print(f"[bold]accuracy[/bold]: torch fp32 engine, lm-eval {', '.join(cfg.accuracy.tasks)} "
                       f"({cfg.accuracy.limit or 'all'} documents, "
-                      f"{cfg.accuracy.get('first_look') or 'all'} at the first look) and {len(windows)} fidelity windows, {n} noise seeds: "
+                      f"{cfg.accuracy.get('first_look') or 'all'} at the first look) and {len(windows)} fidelity windows, "
+                      f"{n} noise seeds: "
                       f"{' and '.join(scenarios)}")
         sigma, verdicts, harmless = accuracy(cfg, gate, base, include_path, windows, n, sigmas, console, scenarios,
                                              args.sigma, args.first_seed, args.accuracy_alone)

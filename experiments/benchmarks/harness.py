@@ -100,7 +100,8 @@ def batching_comparison(base_candidate, ort_candidate, workload: Workload, threa
 
 def prefix_caching_gain(ort_candidate, workload: Workload, threads: int, artefacts, concurrency: int = 16):
     """TTFT P50 of continuous batching with and without prefix caching, on a load whose prompts share a prefix."""
-    paged = Batching("continuous", 32, kv_block_size=16, kv_num_blocks=1024, max_tokens_per_step=512).apply(ort_candidate)
+    paged = Batching("continuous", 32, kv_block_size=16, kv_num_blocks=1024,
+                     max_tokens_per_step=512).apply(ort_candidate)
     ttft = {}
     for label, cand in (("without", paged), ("with", PrefixCaching().apply(paged))):
         level = run_benchmark(build_engine(cand, threads, artefacts), workload, _level_cfg(concurrency)).levels[0]

@@ -32,7 +32,8 @@ def main() -> None:
                 "artefact MB", "bits/weight (linear layers)", "build s"):
         table.add_column(col)
     for name, r in rows.items():
-        table.add_row(name, f"{r['ttft']:.2f}", f"{r['tpot']:.3f}", f"{r['tps']:.0f}", f"{r['ttft'] / base['ttft']:.2f}",
+        table.add_row(name, f"{r['ttft']:.2f}", f"{r['tpot']:.3f}", f"{r['tps']:.0f}",
+                      f"{r['ttft'] / base['ttft']:.2f}",
                       f"{r['tpot'] / base['tpot']:.2f}", f"{r['tps'] / base['tps']:.2f}", f"{r['bytes'] / 2**20:.2f}",
                       f"{r['bits']:.1f}", f"{r['build']:.1f}")
     console.print(table)

@@ -97,7 +97,7 @@ def _serve_engine_itself(cand: Candidate, cfg: DictConfig, host: str, port: int,
 
 
 def _serve_in_process(cand: Candidate, cfg: DictConfig, host: str, port: int, console) -> None:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy
 
     sock = bind(host, port)            # a port in use fails now, not after the engine build
     engine = server = None
@@ -154,7 +154,7 @@ def _completions_only(name: str, kind: str) -> None:
 def bench_endpoint(cfg: DictConfig, url: str, model: str | None, prompt_format: str, console,
                    tokenizer_dir: Path | None = None) -> EndpointBench:
     """The target's workload against someone's server; no model is built (the tokenizer makes the prompts)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy
 
     check_settings(cfg, "benchmark.", "target.workload.")
     check_load(cfg.benchmark)

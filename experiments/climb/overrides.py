@@ -14,8 +14,8 @@ MULTIRUN_FLAGS = ("-m", "--multirun")
 
 def compose(overrides: list[str]):
     """The config these overrides make, or a ConfigError saying which override is wrong."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.errors import HydraException
+    from hydra import compose as hydra_compose, initialize_config_dir  # start-up
+    from hydra.errors import HydraException  # start-up
 
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -27,8 +27,8 @@ def compose(overrides: list[str]):
 def check_sweep_args(args: list[str]) -> None:
     """Compose each job a `roi-ladder sweep` command line asks for, once per swept value, before Hydra runs
     it: hydra.main would print a composition error over a dozen lines and exit 1."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # start-up
+    from hydra.errors import HydraException  # start-up
 
     if any(a.startswith("-") and a not in MULTIRUN_FLAGS for a in args):
         return
@@ -60,7 +60,7 @@ def check_job(overrides: list[str]) -> None:
 
 def explain(exc: Exception) -> ConfigError:
     """Hydra's composition and override errors as one ConfigError: what was wrong, what to do."""
-    from hydra.errors import MissingConfigException, OverrideParseException
+    from hydra.errors import MissingConfigException, OverrideParseException  # start-up
 
     text = " ".join(str(exc).split())
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options is not None:

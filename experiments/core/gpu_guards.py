@@ -18,8 +18,8 @@ TENSORRT_OPTIONS = {"pass_through_build_failures": True, "min_block_size": 1}
 def tensorrt_options() -> dict:
     """The torch.compile options for torch-tensorrt's backend, each checked to be a setting of the installed
     release: the backend keeps the options it knows and drops the rest without a word."""
-    import torch_tensorrt
-    from torch_tensorrt.dynamo import CompilationSettings
+    import torch_tensorrt  # optional
+    from torch_tensorrt.dynamo import CompilationSettings  # optional
 
     known = {f.name for f in dataclasses.fields(CompilationSettings)}
     if unknown := sorted(set(TENSORRT_OPTIONS) - known):

@@ -76,7 +76,7 @@ class Env:
 
     @classmethod
     def detect(cls) -> "Env":
-        import torch
+        import torch  # heavy
 
         cuda = torch.cuda.is_available()
         return cls(cuda=cuda, cuda_capability=torch.cuda.get_device_capability() if cuda else None,

@@ -48,7 +48,7 @@ class OnnxSessionLM(TokenizedLM):
 
     def __init__(self, onnx_path: Path, tokenizer, threads: int, providers=("CPUExecutionProvider",)):
         super().__init__()
-        import onnxruntime as ort
+        import onnxruntime as ort  # heavy
 
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
@@ -246,7 +246,7 @@ def task_index(tasks: tuple[str, ...], include_path: Path | None):
 def task_manager(tasks: list[str], include_path: Path | None):
     """The include_path folder alone when it holds every task: indexing lm-eval's own ~15,000 tasks takes
     ~10 s on 2 cores, spent only when a task may be one of them (or a local group may name them)."""
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager  # heavy
 
     if include_path is not None:
         local = TaskManager(include_path=str(include_path), include_defaults=False)
@@ -278,7 +278,7 @@ def evaluate(lm, tasks: list[str], metric: str | None, include_path: Path | None
     order of subject or source, and an early decision on the first of them would speak for those alone. progress(done, total, what, unit) (console.Stage.progress): requests
     answered of those asked, counted where the LM hands each answer to its cache hook (HFLM and the adapters
     here do, one per request). metric: gate.accuracy.metric (None: each task's first per-document metric)."""
-    import lm_eval
+    import lm_eval  # heavy
 
     for request_type in ("loglikelihood", "loglikelihood_rolling", "generate_until"):
         # lm-eval calls these without disable_tqdm; a bar per request type would bury the console.

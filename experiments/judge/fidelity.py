@@ -62,7 +62,7 @@ def logprob_scorer(engine) -> Scorer:
     `_logprobs` (ONNX Runtime on the exported graph; a serving engine's server, whose `_logprobs` has `top_k` and
     returns TopLogprobs). Build once per engine: the ONNX session is not free.
     """
-    import torch
+    import torch  # heavy
 
     model = getattr(engine, "model", None)
     if isinstance(model, torch.nn.Module):
@@ -81,7 +81,7 @@ def sequence_logprobs(engine, token_ids: Sequence[int]) -> np.ndarray:
 
 
 def _torch_logprobs(forward, device, token_ids: Sequence[int]) -> np.ndarray:
-    import torch
+    import torch  # heavy
 
     with torch.inference_mode():
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)

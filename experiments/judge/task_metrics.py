@@ -27,7 +27,7 @@ class GatedMetric:
 
 def task_metrics(cfg: dict) -> list[tuple[str, object]]:
     """(metric, aggregation as configured or None) in the task's order; lm-eval's defaults without a metric_list."""
-    from lm_eval.api.registry import DEFAULT_METRIC_REGISTRY
+    from lm_eval.api.registry import DEFAULT_METRIC_REGISTRY  # heavy
 
     listed = cfg.get("metric_list")
     if listed:
@@ -39,8 +39,8 @@ def task_metrics(cfg: dict) -> list[tuple[str, object]]:
 def per_document(metric: str, aggregation) -> bool:
     if aggregation is not None:
         return aggregation == "mean"
-    from lm_eval.api.metrics import mean
-    from lm_eval.api.registry import get_metric_aggregation
+    from lm_eval.api.metrics import mean  # heavy
+    from lm_eval.api.registry import get_metric_aggregation  # heavy
 
     return get_metric_aggregation(metric) is mean
 
@@ -48,7 +48,7 @@ def per_document(metric: str, aggregation) -> bool:
 def gated_metrics(tasks: list[str], index: dict, chosen: str | None) -> list[GatedMetric]:
     """Per task, the metric to gate on: `chosen`, or the task's first per-document metric. `index`: lm-eval's
     TaskManager.task_index (name -> Entry, configs parsed, functions unresolved)."""
-    from lm_eval.tasks._index import Kind
+    from lm_eval.tasks._index import Kind  # heavy
 
     out = []
     for task in tasks:

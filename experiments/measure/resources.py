@@ -5,6 +5,7 @@ import threading
 
 import numpy as np
 import psutil
+import torch
 
 from experiments.core.reports import ResourceSeries
 from experiments.serving import server_metrics
@@ -39,13 +40,11 @@ class ResourceSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _nvml_handle(self):
-        import torch
-
         if not torch.cuda.is_available():
             self.gpu_skipped = "no CUDA device: GPU sampling not applicable here"
             return None
         try:
-            import pynvml
+            import pynvml  # optional
         except ImportError:
             self.gpu_skipped = "nvidia-ml-py is not installed (pip install -e '.[gpu]')"
             return None
@@ -54,7 +53,7 @@ class ResourceSampler:
         return nvml_handle(pynvml, torch.cuda.current_device())
 
     def _sample_gpu(self) -> None:
-        import pynvml
+        import pynvml  # optional
 
         self.gpu_util.append(float(pynvml.nvmlDeviceGetUtilizationRates(self._gpu).gpu))
         memory = pynvml.nvmlDeviceGetMemoryInfo(self._gpu)
@@ -138,8 +137,6 @@ class ResourceSampler:
 def nvml_handle(pynvml, torch_index: int):
     """NVML's handle for torch's cuda:<torch_index>. NVML numbers every device of the machine; torch numbers those
     CUDA_VISIBLE_DEVICES leaves, in CUDA_DEVICE_ORDER: the UUID is the one name both give the same device."""
-    import torch
-
     uuid = str(torch.cuda.get_device_properties(torch_index).uuid)
     # torch prints the bare UUID; NVML names a GPU "GPU-<uuid>" and a MIG instance "MIG-<uuid>"
     names = [uuid] if uuid.startswith(("GPU-", "MIG-")) else [f"GPU-{uuid}", f"MIG-{uuid}"]

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import psutil
+from matplotlib.figure import Figure
 from scipy import stats
 
 from experiments.core.errors import ConfigError
@@ -237,11 +238,6 @@ class SoakReport:
         return "\n".join(lines) + "\n"
 
     def figure(self):
-        import matplotlib
-
-        matplotlib.use("Agg")
-        from matplotlib.figure import Figure
-
         panels = [("p95_e2e_ms", "P95 E2E ms"), ("qps", "requests/s"), ("rss_mb", "RSS MB")]
         if all(w.gpu_mem_mb is not None for w in self.windows):
             panels.append(("gpu_mem_mb", "GPU memory MB"))

@@ -22,7 +22,7 @@ LOG_EVERY_S = 15.0
 
 def quiet_libraries() -> None:
     """Library chatter (progress bars, per-request warnings) would bury what the user came for."""
-    import transformers
+    import transformers  # heavy
 
     os.environ.setdefault("TQDM_DISABLE", "1")
     transformers.utils.logging.set_verbosity_error()

@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from experiments.core.errors import ConfigError
@@ -194,8 +195,6 @@ def restore(resume: Resume, kind, scores: dict) -> list:
 def mark_stale(resume: Resume, experiment_id: str) -> None:
     """Runs of the earlier attempt that will be redone: one still RUNNING (the sweep died during it, whether or
     not the ledger had recorded it yet) is KILLED; a finished one whose config changed is superseded."""
-    from mlflow.tracking import MlflowClient
-
     kept = {e.run_id for e in resume.kept}
     running = MlflowClient().search_runs([experiment_id], max_results=10_000, filter_string=(
         f"tags.mlflow.parentRunId = '{resume.parent_run_id}' and attributes.status = 'RUNNING'"))

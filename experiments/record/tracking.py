@@ -18,6 +18,7 @@ from pathlib import Path
 
 import mlflow
 import psutil
+from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
@@ -114,8 +115,8 @@ def _probe_server(uri: str, experiment: str) -> None:
 def _probe_database(uri: str) -> None:
     """A database that is down, refuses the login or lacks its driver is told in PROBE_TIMEOUT_S: MLflow
     retries a failed connection for about two minutes before it gives up with a traceback."""
-    import sqlalchemy
-    from sqlalchemy.pool import NullPool
+    import sqlalchemy  # heavy
+    from sqlalchemy.pool import NullPool  # heavy
 
     shown, scheme = scrub_text(uri), uri.split(":", 1)[0].split("+", 1)[0]
     failure: list[BaseException] = []
@@ -185,8 +186,6 @@ def log_params(params: dict[str, str]) -> None:
 
 
 def log_series(series: dict[str, list[tuple[int, float]]], prefix: str = "") -> None:
-    from mlflow.entities import Metric
-
     now = int(time.time() * 1000)
     metrics = [Metric(f"{prefix}{name}", value, now, step) for name, pts in series.items() for step, value in pts]
     run = mlflow.active_run()
@@ -274,7 +273,7 @@ def environment() -> dict:
             versions[pkg] = __import__(pkg).__version__
         except Exception:  # a missing optional package is simply not listed
             continue
-    import torch
+    import torch  # heavy
 
     gpu = None
     if torch.cuda.is_available():

@@ -21,7 +21,7 @@ class BatchingServer(QueueServer):
     thread_name = "roi-batching-server"
 
     def __init__(self, engine, kind: str, max_batch: int, max_wait_ms: float):
-        import onnxruntime_genai as og
+        import onnxruntime_genai as og  # heavy
 
         super().__init__()
         self._og = og

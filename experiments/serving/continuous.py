@@ -32,8 +32,8 @@ class KvUsage:
 class ContinuousServer:
     def __init__(self, engine, max_batch_tokens: int, kv_block_size: int, kv_num_blocks: int,
                  prefix_caching: bool):
-        from transformers import GenerationConfig
-        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+        from transformers import GenerationConfig  # heavy
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig  # heavy
 
         if kv_block_size < 1 or kv_num_blocks < 1 or max_batch_tokens < 1:
             raise ValueError(f"continuous batching needs kv_block_size, kv_num_blocks and max_batch_tokens >= 1 "

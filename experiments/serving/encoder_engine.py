@@ -86,7 +86,7 @@ class MeanPooled(torch.nn.Module):
 
 
 def load_pooled(model_dir: Path, dtype: torch.dtype = torch.float32) -> MeanPooled:
-    from transformers import AutoModel
+    from transformers import AutoModel  # heavy
 
     # eager attention takes the additive mask as is (and traces to plain ONNX ops)
     model = AutoModel.from_pretrained(model_dir, dtype=dtype, use_safetensors=True, attn_implementation="eager")

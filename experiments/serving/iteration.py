@@ -128,7 +128,7 @@ class IterationServer(QueueServer):
         return chosen
 
     def _prefill(self, recs: list[RequestRecord]) -> None:
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # heavy
 
         width = max(len(r.prompt.token_ids) for r in recs)
         ids = torch.full((len(recs), width), self._pad_id, dtype=torch.long)
@@ -224,7 +224,7 @@ class IterationServer(QueueServer):
         return [(layer.keys, layer.values) for layer in self._cache.layers]
 
     def _set_cache(self, kv, mask: torch.Tensor) -> None:
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # heavy
 
         self._cache = DynamicCache(kv, config=self.model.config)
         self._mask = mask

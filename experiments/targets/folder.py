@@ -42,7 +42,7 @@ def inspect(path: Path, kind: str | None = None) -> ModelFolder:
         raise ConfigError(f"model folder {path}: config.json names no architecture",
                           "save the model with save_pretrained, which writes `architectures` into config.json")
     architecture = architectures[0]
-    import transformers
+    import transformers  # heavy
 
     if not hasattr(transformers, architecture):
         raise ConfigError(f"model folder {path}: architecture {architecture!r} is not shipped by transformers "

@@ -22,7 +22,7 @@ def check_offline(tasks: list[str], include_path: Path | None) -> None:
             continue
         subset = cfg.get("dataset_name")
         try:
-            import datasets
+            import datasets  # heavy
 
             datasets.load_dataset_builder(dataset, subset)
         except Exception as exc:   # offline, datasets raises one of several types; the point is the same

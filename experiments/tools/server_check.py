@@ -24,6 +24,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psycopg
+from mlflow.tracking import MlflowClient
+
 from experiments.climb.overrides import compose
 from experiments.core.names import Tag
 from experiments.tools.ui_check import free_port, stop_group, wait_healthy
@@ -171,14 +174,10 @@ class Postgres:
         self._create_database()
 
     def _connect(self, dbname: str, autocommit: bool = False):
-        import psycopg
-
         return psycopg.connect(host="127.0.0.1", port=self.port, user=DB_USER, password=self.password,
                                dbname=dbname, connect_timeout=3, autocommit=autocommit)
 
     def _wait_ready(self, timeout_s: float) -> None:
-        import psycopg
-
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -258,8 +257,6 @@ def run_sweep(uri: str, data_dir: Path, ladder: str, cache_dir: Path | None, ext
 def check_runs(uri: str, experiment: str, expected_rungs: list[str], artifacts: Path,
                result: ServerCheckResult) -> None:
     """One parent run, one child per rung with a verdict, none failed; an artefact uploaded through the server."""
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:

@@ -26,14 +26,16 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
+from mlflow.tracking import MlflowClient
+
 from experiments.core.names import Tag
 from experiments.record.ui import EXPERIMENT_KIND, experiment_url, ladder_view_url, run_url
 
 REPO = Path(__file__).resolve().parents[2]
 NAME_COL, VERDICT_COL = "attributes.`Run Name`", f"tags.`{Tag.VERDICT}`"
 # A wide window: ag-grid renders only the columns in view, and the verdict column comes after the metrics.
-CHROMIUM_FLAGS = ["--headless", "--window-size=1920,1600", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_FLAGS = ["--headless", "--window-size=1920,1600", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 @dataclass(frozen=True)
@@ -145,8 +147,6 @@ def sweep(data_dir: Path, uri: str, ladder: str, cache_dir: Path | None) -> None
 
 def rung_verdicts(uri: str) -> tuple[str, dict[str, str], str]:
     """(experiment id, rung run name -> roi.verdict, parent run id) of the latest sweep, from the API."""
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(tracking_uri=uri)
     parent = client.search_runs(_experiments(client), f"tags.`{Tag.KIND}` = 'sweep'",
                                 order_by=["attributes.start_time DESC"], max_results=1)[0]
@@ -191,8 +191,6 @@ def review_pages(uri: str, experiment_id: str, parent: str, rungs: set[str], chr
 
 
 def _client(uri: str):
-    from mlflow.tracking import MlflowClient
-
     return MlflowClient(tracking_uri=uri)
 
 

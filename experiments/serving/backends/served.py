@@ -95,7 +95,7 @@ class ServedEngine(Engine):
             yield token, per_token
 
     def lm_eval_model(self, batch_size: int):
-        from lm_eval.models.openai_completions import LocalCompletionsAPI
+        from lm_eval.models.openai_completions import LocalCompletionsAPI  # heavy
 
         lm = LocalCompletionsAPI(model=self.served_name, base_url=f"{self.url}/v1/completions",
                                  tokenizer=str(self.cand.target.model_dir), tokenizer_backend="huggingface",
@@ -122,7 +122,7 @@ class ServedEngine(Engine):
     @functools.cached_property
     def tokenizer(self):
         """The target's tokenizer, for a promoted champion's text prompts (registry.CandidateModel)."""
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # heavy
 
         return AutoTokenizer.from_pretrained(self.cand.target.model_dir)
 

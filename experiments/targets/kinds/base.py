@@ -70,6 +70,6 @@ class Kind:
 
 
 def load_tokenizer(model_dir):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy
 
     return AutoTokenizer.from_pretrained(model_dir)

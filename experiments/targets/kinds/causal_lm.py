@@ -91,7 +91,7 @@ class CausalLMKind(Kind):
         return corpus_texts(cfg_target.workload.get("corpus"))
 
     def roofline_shape(self, model_dir: Path):
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # heavy
 
         return ModelShape.from_config(AutoConfig.from_pretrained(model_dir))
 

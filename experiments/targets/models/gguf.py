@@ -35,7 +35,7 @@ def sha256(path: Path) -> str:
 
 def converted_dir(gguf_path: Path, cache_dir: Path) -> Path:
     """Where `gguf_path` is (or would be) converted."""
-    import transformers
+    import transformers  # heavy
 
     gguf_path = Path(gguf_path).expanduser().resolve()
     key = hashlib.sha256(json.dumps([sha256(gguf_path), transformers.__version__, CONVERT_FORMAT]).encode())
@@ -52,9 +52,9 @@ def ensure_converted(gguf_path: Path, cache_dir: Path, progress: Callable[[str],
 
 
 def convert(gguf_path: Path, out: Path, progress: Callable[[str], None] = print) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    import torch  # heavy
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint  # heavy
 
     architecture = check_architecture(gguf_path)
     meta = load_gguf_checkpoint(str(gguf_path))   # metadata only
@@ -76,7 +76,7 @@ def convert(gguf_path: Path, out: Path, progress: Callable[[str], None] = print)
 
 def check_architecture(gguf_path: Path) -> str:
     """The GGUF's architecture, refused unless transformers' GGUF loader knows it (its header only: cheap)."""
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES  # heavy
 
     architecture = gguf_architecture(gguf_path)
     if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
@@ -86,7 +86,7 @@ def check_architecture(gguf_path: Path) -> str:
 
 
 def gguf_architecture(path: Path) -> str:
-    from gguf import GGUFReader
+    from gguf import GGUFReader  # heavy
 
     field = GGUFReader(str(path)).fields["general.architecture"]
     return bytes(field.parts[field.data[0]]).decode()
@@ -95,9 +95,9 @@ def gguf_architecture(path: Path) -> str:
 def gguf_tokenizer(meta: dict, architecture: str):
     """A plain fast tokenizer over the GGUF's vocabulary and merges, with its special tokens and chat template;
     nothing prepended (a chat template writes its own markers)."""
-    from tokenizers import processors
-    from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.ggml import convert_gguf_tokenizer
+    from tokenizers import processors  # heavy
+    from transformers import PreTrainedTokenizerFast  # heavy
+    from transformers.integrations.ggml import convert_gguf_tokenizer  # heavy
 
     backend, _ = convert_gguf_tokenizer(architecture, meta["tokenizer"])
     backend.post_processor = processors.ByteLevel(trim_offsets=False)   # no BOS added

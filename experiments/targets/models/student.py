@@ -19,6 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
+import torch.nn.functional as F
+
 from experiments.core.cache import build_once
 from experiments.targets.models.tiny_llm import adamw_warmup_cosine
 
@@ -107,9 +110,8 @@ def distill(teacher_dir: Path, texts: list[str], settings: DistillSettings, cach
 
 
 def student_key(teacher_dir: Path, texts: list[str], settings: DistillSettings) -> str:
-    import tokenizers
-    import torch
-    import transformers
+    import tokenizers  # heavy
+    import transformers  # heavy
 
     texts_digest = hashlib.sha256()
     for t in texts:
@@ -144,8 +146,6 @@ def _result(folder: Path, reused: bool, seconds: float) -> DistillResult:
 # --- the student ----------------------------------------------------------------------------------------
 def decoder_layers(model):
     """(dotted name, ModuleList) of the model's decoder layers: the ModuleList as long as the layer count."""
-    import torch
-
     n = model.config.num_hidden_layers
     found = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
     if len(found) != 1:
@@ -156,7 +156,7 @@ def decoder_layers(model):
 
 def init_student(teacher, student_layers: int):
     """The teacher's architecture with `student_layers` decoder layers, each a copy of a kept teacher layer."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # heavy
 
     keep = kept_layers(teacher.config.num_hidden_layers, student_layers)
     config = copy.deepcopy(teacher.config)
@@ -182,8 +182,7 @@ def init_student(teacher, student_layers: int):
 
 def _build(teacher_dir: Path, texts: list[str], s: DistillSettings, threads: int, progress, out: Path,
            on_step=None) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy
 
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -213,8 +212,6 @@ def _build(teacher_dir: Path, texts: list[str], s: DistillSettings, threads: int
 
 def token_stream(tokenizer, texts: list[str]):
     """All texts tokenized with the teacher's tokenizer, one stream, documents separated by EOS."""
-    import torch
-
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ids: list[int] = []
     for text in texts:
@@ -225,8 +222,6 @@ def token_stream(tokenizer, texts: list[str]):
 
 def kd_loss(student_logits, teacher_logits, input_ids, temperature: float, alpha: float):
     """(total, KD term, CE term): KL(teacher_T || student_T) * T^2 per position, and next-token CE."""
-    import torch.nn.functional as F
-
     vocab = student_logits.shape[-1]
     t = temperature
     kd = F.kl_div(F.log_softmax(student_logits.reshape(-1, vocab) / t, -1),
@@ -237,8 +232,6 @@ def kd_loss(student_logits, teacher_logits, input_ids, temperature: float, alpha
 
 
 def _train(teacher, student, stream, s: DistillSettings, progress, on_step=None) -> tuple[float, float]:
-    import torch
-
     if len(stream) <= s.seq_len + 1:
         raise ValueError(f"training text has {len(stream)} tokens: too little for one window of {s.seq_len}")
     gen = torch.Generator().manual_seed(s.seed)
@@ -268,9 +261,6 @@ def _train(teacher, student, stream, s: DistillSettings, progress, on_step=None)
 # --- how close the student is -----------------------------------------------------------------------------
 def mean_kl(teacher, student, windows) -> float:
     """Mean KL(teacher || student) per position over token windows, in nats, at temperature 1."""
-    import torch
-    import torch.nn.functional as F
-
     total, positions = 0.0, 0
     with torch.no_grad():
         for w in windows:

@@ -45,9 +45,9 @@ class TinyLlmRecipe:
     threads: int
 
     def key(self, corpus: Corpus) -> str:
-        import tokenizers
-        import torch
-        import transformers
+        import tokenizers  # heavy
+        import torch  # heavy
+        import transformers  # heavy
 
         blob = json.dumps(
             {"format": BUILD_FORMAT, "recipe": asdict(self), "corpus": corpus.fingerprint, "python": platform.python_version(),
@@ -99,8 +99,8 @@ def task_dir(model_dir: Path) -> Path:
 
 # --- tokenizer ------------------------------------------------------------------------------------------
 def _train_tokenizer(recipe: TinyLlmRecipe, corpus: Corpus, out: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # heavy
+    from transformers import PreTrainedTokenizerFast  # heavy
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -117,7 +117,7 @@ def _train_tokenizer(recipe: TinyLlmRecipe, corpus: Corpus, out: Path):
 # --- model ----------------------------------------------------------------------------------------------
 def adamw_warmup_cosine(model, lr: float, steps: int):
     """AdamW with a 5 % linear warm-up, then cosine decay: the schedule both the build and distillation use."""
-    import torch
+    import torch  # heavy
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     warmup = max(1, steps // 20)
@@ -127,8 +127,8 @@ def adamw_warmup_cosine(model, lr: float, steps: int):
 
 
 def _train_model(recipe: TinyLlmRecipe, corpus: Corpus, tokenizer, progress, on_step=None):
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    import torch  # heavy
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM  # heavy
 
     torch.manual_seed(recipe.seed)
     torch.set_num_threads(recipe.threads)

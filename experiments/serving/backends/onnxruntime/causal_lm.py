@@ -34,7 +34,7 @@ def builder_options(recipe) -> tuple[str, list[str]]:
 
 def export(cand: Candidate, artefact_root: Path, timeout_s: float = 900) -> tuple[Path, bool]:
     """Build (or reuse) the ONNX model for `cand`; returns (folder, reused)."""
-    import onnxruntime_genai
+    import onnxruntime_genai  # heavy
 
     recipe = cand.recipe
     precision, extra = builder_options(recipe)
@@ -90,8 +90,8 @@ class OrtGenaiEngine(Engine):
         return {} if recipe.precision in ("fp16", "bf16") else {"precision": "fp16"}
 
     def __init__(self, cand: Candidate, threads: int, artefact_root: Path):
-        import onnxruntime_genai as og
-        from transformers import AutoTokenizer
+        import onnxruntime_genai as og  # heavy
+        from transformers import AutoTokenizer  # heavy
 
         self.require_buildable(cand)
         started = time.perf_counter()
@@ -111,7 +111,7 @@ class OrtGenaiEngine(Engine):
         return self.load_seconds
 
     def _config(self, engine_section: dict | None = None):
-        import onnxruntime_genai as og
+        import onnxruntime_genai as og  # heavy
 
         config = og.Config(str(self.folder))
         overlay = {"model": {"decoder": {"session_options": {"intra_op_num_threads": self.threads,
@@ -125,7 +125,7 @@ class OrtGenaiEngine(Engine):
     def step_engine(self):
         """onnxruntime-genai's Engine for this recipe's batching: paged dynamic batching for continuous,
         else a static batcher of max_batch sequences (a batch runs until its longest sequence ends)."""
-        import onnxruntime_genai as og
+        import onnxruntime_genai as og  # heavy
 
         if self.recipe.batching == "continuous":
             section = {"dynamic_batching": {"block_size": self.recipe.kv_block_size,
@@ -136,7 +136,7 @@ class OrtGenaiEngine(Engine):
         return og.Engine(og.Model(self._config(section)))
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Iterator[tuple[int, float]]:
-        import onnxruntime_genai as og
+        import onnxruntime_genai as og  # heavy
 
         params = og.GeneratorParams(self.model)
         total = len(prompt_ids) + max_new_tokens
@@ -167,8 +167,8 @@ def graph_weight_bits(onnx_path: Path) -> float:
     """Stored bits per weight of the graph's MatMul weights: packed MatMulNBits data + scales + zero points over
     the K x N weights they stand for, plain float initializers at their dtype. An INT4 model lands near 4.5
     (4 bits plus a scale per block), INT8 near 8.5, fp32 at 32."""
-    import onnx
-    from onnx import helper
+    import onnx  # heavy
+    from onnx import helper  # heavy
 
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
     inits = {t.name: t for t in graph.initializer}

@@ -22,8 +22,8 @@ def export_onnx(cand: Candidate, artefact_root: Path) -> tuple[Path, bool]:
     int8: ONNX Runtime's dynamic quantization (int8 weights with a scale per output channel — per tensor loses
     ~3 points of cosine on MiniLM — activations quantized per batch: MatMulInteger);
     int4: MatMulNBits, 4-bit weights in blocks of 32 with a scale each."""
-    import onnxruntime
-    import transformers
+    import onnxruntime  # heavy
+    import transformers  # heavy
 
     recipe = cand.recipe
     recipe_key = {"weights": weights_digest(cand.target.model_dir), "quantization": recipe.quantization,
@@ -44,13 +44,13 @@ def _export(cand: Candidate, tmp: Path) -> None:
     torch.onnx.export(model, example, str(fp32), input_names=["input_ids", "attention_mask"],
                       output_names=["embedding"], dynamic_axes=axes, opset_version=17, dynamo=False)
     if quantization == "int8":
-        from onnxruntime.quantization import QuantType, quantize_dynamic
+        from onnxruntime.quantization import QuantType, quantize_dynamic  # heavy
 
         quantize_dynamic(str(fp32), str(tmp / "model.onnx"), weight_type=QuantType.QInt8,
                          op_types_to_quantize=["MatMul"], per_channel=True)
     elif quantization == "int4":
-        import onnx
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+        import onnx  # heavy
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer  # heavy
 
         quantizer = MatMulNBitsQuantizer(onnx.load(str(fp32)), block_size=32, is_symmetric=True, bits=4)
         quantizer.process()
@@ -74,7 +74,7 @@ class OrtEncoder(EncoderEngine):
         return None
 
     def __init__(self, cand: Candidate, threads: int, artefact_root: Path):
-        import onnxruntime as ort
+        import onnxruntime as ort  # heavy
 
         self.require_buildable(cand)
         self.recipe = cand.recipe

@@ -40,9 +40,9 @@ def export_ir(cand: Candidate, artefact_root: Path) -> tuple[Path, bool]:
 
 
 def _convert(model_dir: Path, quantization: str, tmp: Path) -> None:
-    import nncf
-    import openvino as ov
-    from transformers import AutoModelForCausalLM
+    import nncf  # heavy
+    import openvino as ov  # heavy
+    from transformers import AutoModelForCausalLM  # heavy
 
     # sdpa: attention traces to one aten::scaled_dot_product_attention, which OpenVINO keeps as a fused op
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, use_safetensors=True,
@@ -86,7 +86,7 @@ class KvStep(torch.nn.Module):
         self.model = model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *past: torch.Tensor):
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # heavy
 
         positions = attention_mask.cumsum(-1) - 1
         query = positions[:, -input_ids.shape[1]:]
@@ -114,7 +114,7 @@ class OpenVinoCausalLM(Engine):
         return None
 
     def __init__(self, cand: Candidate, threads: int, artefact_root: Path):
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer  # heavy
 
         self.require_buildable(cand)
         self.recipe = cand.recipe

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from experiments.core.artefacts import cached, weights_digest
 from experiments.core.recipe import Candidate, Recipe
@@ -41,7 +42,7 @@ def openvino_refusal(recipe: Recipe) -> str | None:
 
 
 def compression_args(quantization: str) -> dict | None:
-    import nncf
+    import nncf  # heavy
 
     return {"none": None,
             "int8": {"mode": nncf.CompressWeightsMode.INT8_ASYM},
@@ -51,10 +52,9 @@ def compression_args(quantization: str) -> dict | None:
 def cached_ir(cand: Candidate, artefact_root: Path, kind: str, convert, **key) -> tuple[Path, bool]:
     """IR of `kind` (encoder | llm) for the recipe — fp32 activations, none/int8/int4 weights by NNCF — built
     by `convert(folder)` unless a valid one is cached under the same content key; (model.xml, reused)."""
-    import nncf
-    import openvino as ov
-    import torch
-    import transformers
+    import nncf  # heavy
+    import openvino as ov  # heavy
+    import transformers  # heavy
 
     recipe = cand.recipe
     recipe_key = {"weights": weights_digest(cand.target.model_dir), "quantization": recipe.quantization,
@@ -71,8 +71,8 @@ def export_ir(cand: Candidate, artefact_root: Path) -> tuple[Path, bool]:
 
 
 def _convert(cand: Candidate, artefact_root: Path, tmp: Path) -> None:
-    import nncf
-    import openvino as ov
+    import nncf  # heavy
+    import openvino as ov  # heavy
 
     fp32_onnx, _ = export_onnx(Candidate(cand.target, replace(cand.recipe, quantization="none")), artefact_root)
     model = ov.convert_model(str(fp32_onnx))
@@ -115,7 +115,7 @@ class CompiledIR:
     """An IR read and compiled for the CPU, and the time that took (what a rebuild from cache costs)."""
 
     def __init__(self, path: Path, threads: int):
-        import openvino as ov
+        import openvino as ov  # heavy
 
         loading = time.perf_counter()
         core = ov.Core()

@@ -43,7 +43,7 @@ class TorchEngine(Engine):
         return {"scheduler": scheduler}
 
     def __init__(self, cand: Candidate, threads: int, artefact_root: Path | None = None):   # builds no artefact
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy
 
         self.require_buildable(cand)
         recipe = self.recipe = cand.recipe
@@ -78,7 +78,6 @@ class TorchEngine(Engine):
             # dynamic=True: one graph for every cache length, instead of a recompile per decode step.
             self._forward = torch.compile(self.model, dynamic=True)
         elif mode == "tensorrt":
-            import torch_tensorrt  # noqa: F401  (registers the "tensorrt" backend)
 
             self._forward = torch.compile(self.model, backend="tensorrt", dynamic=True, options=tensorrt_options())
         for n_in in (16, 48):   # warm-up: compile now, not during the measured load
@@ -87,7 +86,7 @@ class TorchEngine(Engine):
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Iterator[tuple[int, float]]:
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # heavy
 
         cache = DynamicCache(config=self.model.config)
         step_input = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
@@ -109,7 +108,7 @@ class TorchEngine(Engine):
         return self._forward
 
     def lm_eval_model(self, batch_size: int):
-        from lm_eval.models.huggingface import HFLM
+        from lm_eval.models.huggingface import HFLM  # heavy
 
         kwargs = dict(pretrained=self.model, tokenizer=self.tokenizer, batch_size=batch_size, device=str(self.device))
         if self._forward is self.model:

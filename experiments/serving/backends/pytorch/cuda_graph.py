@@ -52,8 +52,8 @@ class CudaGraphEngine(TorchEngine):
         return None
 
     def _capture_decode(self) -> None:
-        from transformers import StaticCache
-        from transformers.cache_utils import StaticLayer
+        from transformers import StaticCache  # heavy
+        from transformers.cache_utils import StaticLayer  # heavy
 
         self.max_len = int(self.model.config.max_position_embeddings)
         self.cache = StaticCache(config=self.model.config, max_cache_len=self.max_len)

@@ -51,7 +51,7 @@ def quantize(model, quantization: str, device: torch.device) -> None:
 
 
 def quantize_torchao(layers: torch.nn.Module, quantization: str) -> None:
-    from torchao.quantization import (
+    from torchao.quantization import (  # optional
         Float8DynamicActivationFloat8WeightConfig,
         Int4WeightOnlyConfig,
         Int8WeightOnlyConfig,
