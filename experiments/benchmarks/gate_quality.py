@@ -134,9 +134,10 @@ def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, co
         judged = {name: gate.looked(rounds, *pair) for name, pair in PAIRS.items()}
         with ratios_file.open("a") as f:   # every round's ratio: another stopping rule can be judged on them later
             obj = cfg.gate.objective
-            f.write(json.dumps({"trial": i, "others": load_meter.share, "ratios": {
-                name: [float(r) for r in rounds.ratios(*pair, obj.metric, obj.stat)] for name, pair in PAIRS.items()}})
-                    + "\n")
+            f.write(json.dumps({"trial": i, "others": load_meter.share, "stat": obj.stat, "ratios": {
+                name: [float(r) for r in rounds.ratios(*pair, obj.metric, obj.stat)] for name, pair in PAIRS.items()},
+                "p50_ratios": {name: [float(r) for r in rounds.ratios(*pair, obj.metric, "p50")]
+                               for name, pair in PAIRS.items()}}) + "\n")
         trials.append(Trial(same=judged["same"][0], slowed=judged["slowed"][0], disturbing=judged["disturbing"][0],
                             gain=judged["gain"][0], used={name: used for name, (_, used) in judged.items()},
                             same_single=gate.performance(single["champion"], single["same"]),
