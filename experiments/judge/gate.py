@@ -97,9 +97,9 @@ class Gate:
         looks = self.round_looks()
         if len(looks) == 1:
             return self._judged(ratio, lo, hi, label, spread)
-        # Several looks: each accepts on its share of the error (sequential.look_alpha); the interval shown
+        # Several looks: each accepts at the same calibrated error (sequential.look_alpha); the interval shown
         # stays the single look's, for the reader, and the detail says which look decided.
-        alpha = sequential.look_alpha(float(self.cfg.confidence), len(looks))
+        alpha = sequential.look_alpha(float(self.cfg.confidence), tuple(looks))
         bound = rounds_ratio_ci(ratios, 1 - 2 * alpha)[2]
         look = max(1, sum(n <= len(ratios) for n in looks))
         need = 1 - self.cfg.min_gain
@@ -129,14 +129,19 @@ class Gate:
         return self.ratios_decided(rounds.ratios(challenger, champion, obj.metric, obj.stat))
 
     def ratios_decided(self, ratios: np.ndarray) -> bool:
-        """Stop adding rounds: accepted on this look's share of the error, or no gain of min_gain left inside
-        the single look's interval (stopping then cannot accept anything wrongly), or the last look reached."""
+        """Stop adding rounds: accepted at this look's share of the error; or shown slower (the interval above
+        1); or not faster by its own estimate (ratio >= 1) or with no gain of min_gain left in its interval, unless
+        it looks slower by as much as a gain must be faster (ratio >= 1 / (1 - min_gain)): such a one goes on
+        until its slowdown is shown. Or the last look reached. A stop that does not accept cannot accept anything
+        wrongly; a comparison that looks like no change stops early rather than at the last look."""
         if len(ratios) >= self.round_looks()[-1]:
             return True
         crit = self.on_ratios(ratios)
         if not crit.numbers:                  # a round without successful requests: no look can pass
             return True
-        return crit.passed or crit.numbers["ratio_ci_low"] >= 1 - self.cfg.min_gain
+        n, need = crit.numbers, 1 - self.cfg.min_gain
+        not_faster = n["ratio"] >= 1 or n["ratio_ci_low"] >= need
+        return crit.passed or n["ratio_ci_low"] > 1 or (not_faster and n["ratio"] < 1 / need)
 
     def consistency(self, rounds, champion: BenchmarkReport, challenger: BenchmarkReport,
                     challenger_name: str = "challenger", champion_name: str = "champion") -> Criterion:
