@@ -281,3 +281,14 @@ def test_measure_stops_at_the_first_look_that_decides_or_past_its_budget():
     assert rounds.count == 16 and told == [8, 16] and len(calls) == 32
     slow = interleaved.measure(runs, 32, 4, looks=[8, 16, 24], decided=lambda r: False, budget_s=0.0)
     assert slow.count == 8                                       # the budget was spent at the first look
+
+
+def test_measure_drops_the_contenders_no_longer_needed_and_balances_the_rest():
+    calls = []
+    runs = {n: (lambda n=n: calls.append(n) or level([10.0] * 4)) for n in ("a", "b", "c", "d")}
+    rounds = interleaved.measure(runs, 24, 4, seed=(3, 1), looks=[8, 16], needed=lambda r: {"a", "b"})
+    assert [len(rounds.runs[n]) for n in "abcd"] == [24, 24, 8, 8]
+    later = calls[32:]
+    assert len(later) == 32 and set(later) == {"a", "b"}
+    firsts = rounds.first[8:]
+    assert firsts.count("a") == firsts.count("b") == 8       # each goes first in half of the rounds left

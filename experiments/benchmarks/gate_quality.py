@@ -121,7 +121,17 @@ def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, co
               "disturbing": partial(disturbing_build, ort, threads, artefacts)}
     fresh = bool(cfg.gate.interleaved.get("fresh_build_per_run", False))
     looks = gate.round_looks()
-    every_decided = lambda r: all(gate.rounds_decided(r, *pair) for pair in PAIRS.values())  # noqa: E731
+    obj = cfg.gate.objective
+
+    def undecided(r) -> set[str]:
+        """The contenders of the comparisons no look so far has decided (a decided one stops being measured)."""
+        names = set()
+        for pair in PAIRS.values():
+            ratios = r.ratios(*pair, obj.metric, obj.stat)
+            if not any(n <= len(ratios) and gate.ratios_decided(ratios[:n]) for n in looks):
+                names |= set(pair)
+        return names
+
     ratios_file = apart.logs / f"ratios-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     ratios_file.parent.mkdir(parents=True, exist_ok=True)
     console.print(f"  each round's ratios: {ratios_file}")
@@ -129,11 +139,10 @@ def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, co
         with contender.round_runs(builds, fresh, workload, load, concurrency, cfg.gate.confidence, apart,
                                   i) as runs, OtherLoad() as load_meter:
             rounds = interleaved.measure(runs, looks[-1], concurrency, seed=(cfg.seed, i), looks=looks[:-1],
-                                         decided=every_decided)
+                                         decided=lambda r: not undecided(r), needed=undecided)
         single = {k: BenchmarkReport((levels[0],)) for k, levels in rounds.runs.items()}
         judged = {name: gate.looked(rounds, *pair) for name, pair in PAIRS.items()}
         with ratios_file.open("a") as f:   # every round's ratio: another stopping rule can be judged on them later
-            obj = cfg.gate.objective
             f.write(json.dumps({"trial": i, "others": load_meter.share, "stat": obj.stat, "ratios": {
                 name: [float(r) for r in rounds.ratios(*pair, obj.metric, obj.stat)] for name, pair in PAIRS.items()},
                 "p50_ratios": {name: [float(r) for r in rounds.ratios(*pair, obj.metric, "p50")]

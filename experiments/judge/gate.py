@@ -100,7 +100,7 @@ class Gate:
         # Several looks: each accepts at the same calibrated error (sequential.look_alpha); the interval shown
         # stays the single look's, for the reader, and the detail says which look decided.
         alpha = sequential.look_alpha(float(self.cfg.confidence), tuple(looks))
-        bound = rounds_ratio_ci(ratios, 1 - 2 * alpha)[2]
+        _, slower_bound, bound = rounds_ratio_ci(ratios, 1 - 2 * alpha)
         look = max(1, sum(n <= len(ratios) for n in looks))
         need = 1 - self.cfg.min_gain
         passed = bound < need
@@ -108,7 +108,8 @@ class Gate:
                   f"{bound:.3f} at one-sided {alpha:.4f} {'<' if passed else '>='} {need:.2f} needed")
         return Criterion("performance", passed, detail,
                          {"ratio": ratio, "ratio_ci_low": lo, "ratio_ci_high": hi, "ratio_needed": need,
-                          "ratio_accept_bound": bound, "look": float(look), "looks": float(len(looks)), **spread})
+                          "ratio_accept_bound": bound, "ratio_slower_bound": slower_bound, "look": float(look),
+                          "looks": float(len(looks)), **spread})
 
     def looked(self, rounds, challenger: str = "challenger", champion: str = "champion") -> tuple[Criterion, int]:
         """(the criterion, the rounds it took) as the rounds' looks would have decided on these rounds' first
@@ -129,8 +130,8 @@ class Gate:
         return self.ratios_decided(rounds.ratios(challenger, champion, obj.metric, obj.stat))
 
     def ratios_decided(self, ratios: np.ndarray) -> bool:
-        """Stop adding rounds: accepted at this look's share of the error; or shown slower (the interval above
-        1); or not faster by its own estimate (ratio >= 1) or with no gain of min_gain left in its interval, unless
+        """Stop adding rounds: accepted at this look's share of the error; or shown slower (its lower bound at
+        the same share above 1); or not faster by its own estimate (ratio >= 1) or with no gain of min_gain left in its interval, unless
         it looks slower by as much as a gain must be faster (ratio >= 1 / (1 - min_gain)): such a one goes on
         until its slowdown is shown. Or the last look reached. A stop that does not accept cannot accept anything
         wrongly; a comparison that looks like no change stops early rather than at the last look."""
@@ -141,7 +142,7 @@ class Gate:
             return True
         n, need = crit.numbers, 1 - self.cfg.min_gain
         not_faster = n["ratio"] >= 1 or n["ratio_ci_low"] >= need
-        return crit.passed or n["ratio_ci_low"] > 1 or (not_faster and n["ratio"] < 1 / need)
+        return crit.passed or n["ratio_slower_bound"] > 1 or (not_faster and n["ratio"] < 1 / need)
 
     def consistency(self, rounds, champion: BenchmarkReport, challenger: BenchmarkReport,
                     challenger_name: str = "challenger", champion_name: str = "champion") -> Criterion:

@@ -92,10 +92,12 @@ def orders(names: list[str], rounds: int, seed) -> list[list[str]]:
 
 def measure(runs: dict[str, Callable[[], LevelReport]], rounds: int, concurrency: int,
             on_round=lambda r: None, seed=0, looks=(), decided=lambda rounds: False,
-            budget_s: float | None = None) -> Rounds:
+            budget_s: float | None = None, needed=None) -> Rounds:
     """`rounds` rounds; each calls every contender's run once, in the order orders() draws from `seed`. With
     `looks` (round counts below `rounds`), decided(the rounds so far) is asked at each, and the rounds stop once
-    it says so, or once a look finds `budget_s` spent.
+    it says so, or once a look finds `budget_s` spent. needed(the rounds so far), when given, names at each look
+    the contenders still to measure (make bench-gate's, whose comparisons end one by one); the rest of the rounds
+    draw their order among those.
 
     runs[name]() measures one run of that contender and returns its level, in a process where that contender is
     the only engine alive (experiments/climb/contender.py).
@@ -104,11 +106,16 @@ def measure(runs: dict[str, Callable[[], LevelReport]], rounds: int, concurrency
     levels: dict[str, list[LevelReport]] = {n: [] for n in names}
     first, started = [], time.monotonic()
     so_far = lambda: Rounds(concurrency, {n: tuple(found) for n, found in levels.items()}, tuple(first))  # noqa: E731
-    for r, order in enumerate(orders(names, int(rounds), seed)):
-        if r in looks and (decided(so_far()) or (budget_s is not None and time.monotonic() - started > budget_s)):
-            break
+    plan = orders(names, int(rounds), seed)
+    for r in range(int(rounds)):
+        if r in looks:
+            if decided(so_far()) or (budget_s is not None and time.monotonic() - started > budget_s):
+                break
+            if needed is not None and (active := [n for n in names if n in needed(so_far())]) != names:
+                names = active
+                plan = plan[:r] + orders(names, int(rounds) - r, (*np.ravel(seed).tolist(), r))
         on_round(r)
-        first.append(order[0])
-        for name in order:
+        first.append(plan[r][0])
+        for name in plan[r]:
             levels[name].append(runs[name]())
     return so_far()
