@@ -181,7 +181,8 @@ REASONS = ("heavy", "optional", "start-up")
 # importing the climb, the CLI, every engine class, kind and optimizer (what a sweep's parent process does
 # before it refuses bad input) loads none of them.
 HEAVY = ("transformers", "tokenizers", "onnxruntime", "onnxruntime_genai", "onnx", "openvino", "nncf", "datasets",
-         "gguf", "sqlalchemy", "torch_tensorrt", "torchao", "pynvml")
+         "gguf", "sqlalchemy", "torch_tensorrt", "torchao", "pynvml", "lm_eval.evaluator", "lm_eval.tasks",
+         "lm_eval.models", "lm_eval.api.registry")
 # What `roi-ladder --help`, `status` and a refused override must answer without (`# start-up`).
 START_UP_FREE = ("torch", "mlflow", "hydra", "lm_eval", "matplotlib") + HEAVY
 

@@ -278,7 +278,7 @@ def evaluate(lm, tasks: list[str], metric: str | None, include_path: Path | None
     order of subject or source, and an early decision on the first of them would speak for those alone. progress(done, total, what, unit) (console.Stage.progress): requests
     answered of those asked, counted where the LM hands each answer to its cache hook (HFLM and the adapters
     here do, one per request). metric: gate.accuracy.metric (None: each task's first per-document metric)."""
-    import lm_eval  # heavy
+    from lm_eval.evaluator import simple_evaluate  # heavy
 
     for request_type in ("loglikelihood", "loglikelihood_rolling", "generate_until"):
         # lm-eval calls these without disable_tqdm; a bar per request type would bury the console.
@@ -292,7 +292,7 @@ def evaluate(lm, tasks: list[str], metric: str | None, include_path: Path | None
         chosen = {"limit": limit}
     else:
         chosen = {"limit": None, "samples": first_look_ids(tasks, manager, limit, first_look, seed)}
-    res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, **chosen,
+    res = simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, **chosen,
                                   log_samples=True, random_seed=seed, numpy_random_seed=seed,
                                   torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=0)  # stderr from per-doc values below (paired later)
     reports = []

