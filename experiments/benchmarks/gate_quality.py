@@ -125,12 +125,8 @@ def performance(cfg, gate: Gate, base: Candidate, workload: Workload, n: int, co
 
     def undecided(r) -> set[str]:
         """The contenders of the comparisons no look so far has decided (a decided one stops being measured)."""
-        names = set()
-        for pair in PAIRS.values():
-            ratios = r.ratios(*pair, obj.metric, obj.stat)
-            if not any(n <= len(ratios) and gate.ratios_decided(ratios[:n]) for n in looks):
-                names |= set(pair)
-        return names
+        return {name for pair in PAIRS.values() if gate.decided_at(r.ratios(*pair, obj.metric, obj.stat)) is None
+                for name in pair}
 
     ratios_file = apart.logs / f"ratios-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     ratios_file.parent.mkdir(parents=True, exist_ok=True)

@@ -117,9 +117,12 @@ class Gate:
         obj = self.cfg.objective
         ratios = rounds.ratios(challenger, champion, obj.metric, obj.stat)
         label = f"{obj.metric} {obj.stat} @c={rounds.concurrency}"
-        used = next((n for n in self.round_looks() if n <= len(ratios) and self.ratios_decided(ratios[:n])),
-                    len(ratios))
+        used = self.decided_at(ratios) or len(ratios)
         return self.on_ratios(ratios[:used], f"{label}, {used} interleaved rounds"), used
+
+    def decided_at(self, ratios: np.ndarray) -> int | None:
+        """The first look that these rounds decide (its round count), or None while they decide none."""
+        return next((n for n in self.round_looks() if n <= len(ratios) and self.ratios_decided(ratios[:n])), None)
 
     def round_looks(self) -> list[int]:
         rounds = self.cfg.get("interleaved") or {}
