@@ -292,9 +292,10 @@ def evaluate(lm, tasks: list[str], metric: str | None, include_path: Path | None
         chosen = {"limit": limit}
     else:
         chosen = {"limit": None, "samples": first_look_ids(tasks, manager, limit, first_look, seed)}
-    res = simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, **chosen,
-                                  log_samples=True, random_seed=seed, numpy_random_seed=seed,
-                                  torch_random_seed=seed, fewshot_random_seed=seed, bootstrap_iters=0)  # stderr from per-doc values below (paired later)
+    # bootstrap_iters=0: the stderr comes from the per-document values below (paired later)
+    res = simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, **chosen, log_samples=True,
+                          random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+                          fewshot_random_seed=seed, bootstrap_iters=0)
     reports = []
     for task in tasks:
         row, metric = res["results"][task], metrics[task]

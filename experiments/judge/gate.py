@@ -134,10 +134,11 @@ class Gate:
 
     def ratios_decided(self, ratios: np.ndarray) -> bool:
         """Stop adding rounds: accepted at this look's share of the error; or shown slower (its lower bound at
-        the same share above 1); or not faster by its own estimate (ratio >= 1) or with no gain of min_gain left in its interval, unless
-        it looks slower by as much as a gain must be faster (ratio >= 1 / (1 - min_gain)): such a one goes on
-        until its slowdown is shown. Or the last look reached. A stop that does not accept cannot accept anything
-        wrongly; a comparison that looks like no change stops early rather than at the last look."""
+        the same share above 1); or not faster by its own estimate (ratio >= 1) or with no gain of min_gain left
+        in its interval, unless it looks slower by as much as a gain must be faster (ratio >= 1 / (1 - min_gain)):
+        such a one goes on until its slowdown is shown. Or the last look reached. A stop that does not accept
+        cannot accept anything wrongly; a comparison that looks like no change stops early rather than at the
+        last look."""
         if len(ratios) >= self.round_looks()[-1]:
             return True
         crit = self.on_ratios(ratios)
