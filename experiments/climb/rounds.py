@@ -11,7 +11,8 @@ from experiments.climb.sweep import Sweep
 from experiments.core.names import Tag
 from experiments.core.recipe import Candidate
 from experiments.core.reports import BenchmarkReport
-from experiments.judge.gate import Criterion
+from experiments.judge import memory_saving
+from experiments.judge.gate import Criterion, Gate
 from experiments.measure import interleaved
 from experiments.record import rung_log
 from experiments.record.outcome import RungOutcome
@@ -19,15 +20,17 @@ from experiments.serving import build_engine
 
 
 def performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate, sweep: Sweep, name: str,
-                 apart: contender.Apart) -> list[Criterion]:
+                 apart: contender.Apart, aim: str = "speed") -> list[Criterion]:
     """The champion re-measured beside the challenger in rounds of a balanced, drawn order (gate.interleaved),
     each side measured where it is the only engine alive; or, with rounds: 0, compared with its recorded run.
     With rounds, the measurement's consistency is a criterion too: measured again once if it fails, never
-    accepted on it."""
-    cfg, gate = sweep.cfg, sweep.gate
+    accepted on it. A rung aiming at memory is judged on the memory it saves too, in the same runs."""
+    cfg, gate = sweep.cfg, sweep.gate.aimed_at(aim)
     rounds_cfg = cfg.gate.interleaved
     if not rounds_cfg.rounds:
-        return [gate.performance(champion.bench, bench)]
+        memory = ([memory_saving.on_recorded(champion.bench, bench, gate.objective_concurrency(champion.bench),
+                                             cfg.gate)] if aim == "memory" else [])
+        return [gate.performance(champion.bench, bench), *memory]
     if rounds_cfg.get("skip_without_recorded_gain", True):
         decided = gate.without_rounds(champion.bench, bench)
         if decided:
@@ -35,27 +38,37 @@ def performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate, 
                                                 "could turn into an acceptance")
             return [decided]
     c = gate.objective_concurrency(champion.bench)
-    rounds = _rounds(champion.candidate, cand, sweep, name, apart, c, 1)
+    rounds = _rounds(champion.candidate, cand, sweep, gate, name, apart, c, 1)
     consistency = gate.consistency(rounds, champion.bench, bench)
     if not consistency.passed:
         rung_log.note(Tag.GATE_FIRST_MEASUREMENT, f"inconsistent, measured again: {consistency.detail}")
         rung_log.log_rounds(rounds, cfg.gate.objective, "gate/first_interleaved_rounds.csv", "gate/first_round_ratio")
-        rounds = _rounds(champion.candidate, cand, sweep, name, apart, c, 2)
+        rounds = _rounds(champion.candidate, cand, sweep, gate, name, apart, c, 2)
         consistency = gate.consistency(rounds, champion.bench, bench)
     rung_log.log_rounds(rounds, cfg.gate.objective, "gate/interleaved_rounds.csv", "gate/round_ratio")
     rung_log.note(Tag.GATE_INTERLEAVED,
                   contender.ROUNDS_DONE[bool(rounds_cfg.get("fresh_build_per_run", False))])
-    return [gate.interleaved(rounds), consistency]
+    memory = [memory_saving.on_rounds(rounds, cfg.gate)] if aim == "memory" else []
+    return [gate.interleaved(rounds), *memory, consistency]
 
 
-def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart: contender.Apart, c: int,
-            attempt: int) -> interleaved.Rounds:
+def _decided(gate: Gate, cfg_gate):
+    """When to stop adding rounds: the gate's looks on speed; aiming at memory, also once the saving needed is
+    out of reach."""
+    if gate.aim != "memory":
+        return gate.rounds_decided
+    return lambda rounds: (memory_saving.out_of_reach(memory_saving.on_rounds(rounds, cfg_gate), cfg_gate)
+                           or gate.rounds_decided(rounds))
+
+
+def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, gate: Gate, name: str, apart: contender.Apart,
+            c: int, attempt: int) -> interleaved.Rounds:
     cfg = sweep.cfg
     why = "" if attempt == 1 else " (again: the first was inconsistent)"
     rounds_cfg = cfg.gate.interleaved
     threads, artefacts = int(cfg.threads), Path(cfg.cache_dir) / "artefacts"
     load = interleaved.load_config(cfg.benchmark, rounds_cfg, c)
-    looks = sweep.gate.round_looks()
+    looks = gate.round_looks()
     most = looks[-1]
     upto = f"{looks[0]} to {most} rounds, more while undecided," if len(looks) > 1 else f"{most} rounds"
     with sweep.ui.stage(f"{name}: champion and challenger in {upto} at c={c}{why}") as st:
@@ -73,5 +86,5 @@ def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, name: str, apart
                                   ) as runs:
             # the order's seed: the sweep's, the rung and the attempt (a second measurement draws anew)
             seed = (int(cfg.seed), zlib.crc32(name.encode()), attempt)
-            return interleaved.measure(runs, most, c, on_round, seed, looks[:-1], sweep.gate.rounds_decided,
+            return interleaved.measure(runs, most, c, on_round, seed, looks[:-1], _decided(gate, cfg.gate),
                                        rounds_cfg.get("budget_s"))

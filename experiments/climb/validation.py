@@ -13,6 +13,7 @@ from experiments.climb.overrides import check_writable
 from experiments.core.errors import ConfigError
 from experiments.core.recipe import Env
 from experiments.core.settings import check_settings
+from experiments.judge.gate import AIMS
 from experiments.judge.gate import check_config as check_gate_config
 from experiments.measure import isolation, soak
 from experiments.measure.load import check_load
@@ -34,8 +35,12 @@ def load_rungs(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
             raise ConfigError(f"the ladder lists one rung twice: {name!r} has the same config as {seen[settings]!r}",
                               f"drop {name!r} from the ladder (or give it different settings)")
         seen[settings] = name
+        aim = rung_cfg.get("aim", "speed")
+        if aim not in AIMS:
+            raise ConfigError(f"rung {name!r} has aim {aim!r}, which is not one of {AIMS}",
+                              f"set ladder.rungs.{name}.aim to speed (a gain) or memory (a saving at no slowdown)")
         try:
-            opt = instantiate(rung_cfg)
+            opt = instantiate({key: value for key, value in rung_cfg.items() if key != "aim"})
         except InstantiationException as exc:
             cause = exc.__cause__ or exc
             raise ConfigError(f"rung {name!r} could not be built from its config: {cause}",
@@ -43,7 +48,7 @@ def load_rungs(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
         if not isinstance(opt, Optimizer):
             raise ConfigError(f"rung {name!r} has _target_ {rung_cfg.get('_target_')}, which is not an Optimizer",
                               "point _target_ at a class in optimizers/")
-        opt.name = name
+        opt.name, opt.aim = name, aim
         rungs.append((name, opt))
     if not rungs or not isinstance(rungs[0][1], EagerBaseline):
         raise ConfigError("the ladder must start with the baseline rung (the first champion)",

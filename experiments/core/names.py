@@ -10,6 +10,7 @@ class Tag:
     PROFILE = "roi.profile"
     RUNG = "roi.rung"
     COST = "roi.cost"
+    AIM = "roi.aim"                          # speed | memory: what the rung's gate asks of it
     MODEL = "roi.model"
     MODEL_DIR = "roi.model_dir"
     ENDPOINT = "roi.endpoint"

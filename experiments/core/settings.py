@@ -108,6 +108,10 @@ SETTINGS = (
             nullable=True),
     Setting("gate.interleaved.seconds", float, POSITIVE, "give the length of each run in a round, e.g. 2.0"),
     Setting("gate.interleaved.min_requests", int, AT_LEAST_ONE, "give the fewest requests per run, e.g. 40"),
+    Setting("gate.memory.min_saving", float, "(0, 1)", "give the share of memory a rung aiming at memory must save, "
+            "e.g. 0.10"),
+    Setting("gate.memory.max_slowdown", float, "[0, 1)", "give the slowdown a rung aiming at memory may cost at "
+            "most, e.g. 0.05 (its speed ratio's upper bound below 1.05)"),
     Setting("gate.consistency.max_deviation", float, POSITIVE,
             "e.g. gate.consistency.max_deviation=0.25 (each side in the rounds within 25 % of its own recorded run)"),
     Setting("gate.accuracy.max_drop_abs", float, NON_NEGATIVE, "null to leave it unused, e.g. 0.02",

@@ -16,6 +16,9 @@ from experiments.judge import sequential
 from experiments.judge.accuracy import AccuracyReport
 
 TOLERANCES = ("max_drop_abs", "max_drop_rel")
+# What a rung is for (its `aim`): speed, a gain of min_gain; or memory, a saving of memory.min_saving at no
+# slowdown beyond memory.max_slowdown (a KV cache in fewer bits: more sequences fit, each step no faster).
+AIMS = ("speed", "memory")
 # lm-eval's per-document metric name, as in its samples; results keys add a filter (`acc,none`).
 METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -48,9 +51,25 @@ class Verdict:
 
 
 class Gate:
-    def __init__(self, cfg, seed: int = 0):
+    def __init__(self, cfg, seed: int = 0, aim: str = "speed"):
+        if aim not in AIMS:
+            raise ValueError(f"a rung's aim is one of {AIMS}, not {aim!r}")
         self.cfg = cfg
         self.seed = seed
+        self.aim = aim
+        self._bound_word = "allowed" if aim == "memory" else "needed"   # a ceiling on slowdown, or a gain
+
+    def aimed_at(self, aim: str) -> "Gate":
+        """This gate for a rung whose aim is `aim` (AIMS)."""
+        return self if aim == self.aim else Gate(self.cfg, self.seed, aim)
+
+    @property
+    def speed_bound(self) -> float:
+        """The speed ratio (challenger / champion) whose upper bound a challenger must stay below: a gain of
+        min_gain, or, aiming at memory, no slowdown beyond memory.max_slowdown (non-inferiority)."""
+        if self.aim == "memory":
+            return 1 + float(self.cfg.memory.max_slowdown)
+        return 1 - float(self.cfg.min_gain)
 
     def objective_concurrency(self, champion: BenchmarkReport) -> int:
         obj = self.cfg.objective
@@ -71,7 +90,10 @@ class Gate:
     def without_rounds(self, champion: BenchmarkReport, challenger: BenchmarkReport) -> Criterion | None:
         """Rejected before any rounds, or None (rounds needed): a gain must show in the recorded runs too, so a
         challenger whose own run is not faster than the champion's at the objective (ratio >= 1) cannot be
-        accepted, whatever rounds would show (consistency() applies the same rule to a gain they show)."""
+        accepted, whatever rounds would show (consistency() applies the same rule to a gain they show). A rung
+        aiming at memory seeks no gain: its rounds always run."""
+        if self.aim == "memory":
+            return None
         crit = self.performance(champion, challenger)
         if not crit.numbers.get("ratio", math.nan) >= 1:
             return None
@@ -102,10 +124,10 @@ class Gate:
         alpha = sequential.look_alpha(float(self.cfg.confidence), tuple(looks))
         _, slower_bound, bound = rounds_ratio_ci(ratios, 1 - 2 * alpha)
         look = max(1, sum(n <= len(ratios) for n in looks))
-        need = 1 - self.cfg.min_gain
+        need = self.speed_bound
         passed = bound < need
         detail = (f"{label} ratio {ratio:.3f} [{lo:.3f}, {hi:.3f}]; look {look} of {len(looks)}: upper bound "
-                  f"{bound:.3f} at one-sided {alpha:.4f} {'<' if passed else '>='} {need:.2f} needed")
+                  f"{bound:.3f} at one-sided {alpha:.4f} {'<' if passed else '>='} {need:.2f} {self._bound_word}")
         return Criterion("performance", passed, detail,
                          {"ratio": ratio, "ratio_ci_low": lo, "ratio_ci_high": hi, "ratio_needed": need,
                           "ratio_accept_bound": bound, "ratio_slower_bound": slower_bound, "look": float(look),
@@ -138,13 +160,15 @@ class Gate:
         in its interval, unless it looks slower by as much as a gain must be faster (ratio >= 1 / (1 - min_gain)):
         such a one goes on until its slowdown is shown. Or the last look reached. A stop that does not accept
         cannot accept anything wrongly; a comparison that looks like no change stops early rather than at the
-        last look."""
+        last look. Aiming at memory: accepted, or shown slower than the slowdown allowed."""
         if len(ratios) >= self.round_looks()[-1]:
             return True
         crit = self.on_ratios(ratios)
         if not crit.numbers:                  # a round without successful requests: no look can pass
             return True
-        n, need = crit.numbers, 1 - self.cfg.min_gain
+        n, need = crit.numbers, self.speed_bound
+        if self.aim == "memory":
+            return crit.passed or n["ratio_slower_bound"] > need
         not_faster = n["ratio"] >= 1 or n["ratio_ci_low"] >= need
         return crit.passed or n["ratio_slower_bound"] > 1 or (not_faster and n["ratio"] < 1 / need)
 
@@ -192,7 +216,7 @@ class Gate:
             how = f"consistent: each side within ±{tolerance:.0%} of its own run ({moved})"
             if off:
                 off.append(f"not a drift of both: the challenger {relative:+.0%} relative to the champion")
-        if rounds_ratio < 1 and not recorded_ratio < 1:
+        if self.aim == "speed" and rounds_ratio < 1 and not recorded_ratio < 1:
             off.append(f"the rounds show a gain (ratio {rounds_ratio:.3f}) the recorded runs do not "
                        f"(challenger {numbers['challenger_recorded']:.1f} vs champion "
                        f"{numbers['champion_recorded']:.1f}: {recorded_ratio:.3f})")
@@ -201,9 +225,10 @@ class Gate:
         return Criterion("consistency", True, how, numbers)
 
     def _judged(self, ratio: float, lo: float, hi: float, label: str, extra: dict) -> Criterion:
-        need = 1 - self.cfg.min_gain
+        need = self.speed_bound
         passed = hi < need
-        detail = f"{label} ratio {ratio:.3f} [{lo:.3f}, {hi:.3f}] {'<' if passed else '>='} {need:.2f} needed"
+        detail = (f"{label} ratio {ratio:.3f} [{lo:.3f}, {hi:.3f}] {'<' if passed else '>='} {need:.2f} "
+                  f"{self._bound_word}")
         return Criterion("performance", passed, detail,
                          {"ratio": ratio, "ratio_ci_low": lo, "ratio_ci_high": hi, "ratio_needed": need, **extra})
 

@@ -128,7 +128,8 @@ class ResourceSampler:
         mean = lambda xs: float(np.mean(xs)) if xs else None  # noqa: E731
         peak = lambda xs: float(max(xs)) if xs else None  # noqa: E731
         return {"cpu_percent_mean": mean(self.cpu) or 0.0,
-                "rss_mb_max": peak(self.rss_mb) or psutil.Process().memory_info().rss / 2**20,
+                # a level shorter than one sample: one reading now, of the same processes
+                "rss_mb_max": peak(self.rss_mb) or self._cpu_and_rss()[1] / 2**20,
                 "gpu_util_mean": mean(self.gpu_util), "gpu_mem_mb_max": peak(self.gpu_mem_mb),
                 "gpu_proc_mem_mb_max": peak(self.gpu_proc_mem_mb), "kv_mb_max": peak(self.kv_mb),
                 "server_metrics": server_metrics.summarize(self.server) if self._server_probe else None}
