@@ -54,6 +54,10 @@ class Optimizer(ABC):
     def apply(self, cand: Candidate) -> Candidate:
         """A new candidate with this rung's change to the recipe."""
 
+    def aim_for(self, cand: Candidate) -> str:
+        """What the gate asks of `cand`, this rung's candidate: `aim`, unless its engine makes it mean nothing."""
+        return self.aim
+
     def applied(self) -> dict[str, str]:
         """What the last `apply` did that the candidate's recipe does not say (what a student learned from, for
         how many tokens), for the rung run's params."""

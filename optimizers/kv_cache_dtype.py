@@ -21,6 +21,11 @@ class KvCacheDtype(Optimizer):
             return f"the champion's KV cache is already {cand.recipe.kv_cache_dtype}"
         return refusal(self.apply(cand))
 
+    def aim_for(self, cand: Candidate) -> str:
+        # vLLM sizes its KV pool from a fixed memory budget (gpu_memory_utilization; VLLM_CPU_KVCACHE_SPACE) whatever
+        # the type: fewer bits buy room for more sequences, not less memory, and only speed under load can show it
+        return "speed" if cand.recipe.engine == "vllm" else self.aim
+
     def apply(self, cand: Candidate) -> Candidate:
         dtype = self.cuda_dtype if cand.recipe.execution_provider == "cuda" else self.cpu_dtype
         return cand.edited(self.name, kv_cache_dtype=dtype)

@@ -123,3 +123,43 @@ def test_a_rungs_aim_comes_from_its_file_and_a_wrong_one_is_refused_before_any_w
         load_rungs(compose(["ladder=llama-cpp", "+ladder.rungs.int4.aim=size", f"data_dir={tmp_path}"]))
     with pytest.raises(ValueError, match="aim is one of"):
         Gate(MEMORY, aim="size")
+
+
+def test_the_rung_measures_memory_in_the_rounds_it_judges_speed_in(monkeypatch, tmp_path):
+    """rounds.performance, the rounds stubbed: aimed at memory, the rounds run although the recorded runs show no
+    gain, and memory is judged in them; aimed at speed, the same challenger is rejected before any rounds."""
+    from types import SimpleNamespace
+
+    import mlflow
+
+    from experiments.climb import rounds as rung_rounds
+
+    cfg = OmegaConf.create({"gate": OmegaConf.merge(MEMORY, {"interleaved": {
+        "rounds": 8, "max_rounds": None, "seconds": 1.0, "min_requests": 1, "skip_without_recorded_gain": True}})})
+    measured = rounds_of([(100, 535)] * 8, [(101, 368)] * 8)
+    asked = []
+    monkeypatch.setattr(rung_rounds, "_rounds", lambda *args: asked.append(args[3].aim) or measured)
+    champion = SimpleNamespace(bench=bench_with_e2e([100] * 20), candidate=None)
+    sweep = SimpleNamespace(cfg=cfg, gate=Gate(cfg.gate))
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    try:
+        with mlflow.start_run():
+            by_memory = rung_rounds.performance(champion, bench_with_e2e([120] * 20), None, sweep, "kv", None, "memory")
+            by_speed = rung_rounds.performance(champion, bench_with_e2e([120] * 20), None, sweep, "kv", None)
+    finally:
+        mlflow.set_tracking_uri(previous)
+    assert [c.name for c in by_memory] == ["performance", "memory", "consistency"] and asked == ["memory"]
+    assert all(c.passed for c in by_memory), [c.detail for c in by_memory]
+    assert len(by_speed) == 1 and "decided without rounds" in by_speed[0].detail
+
+
+def test_a_kv_cache_in_fewer_bits_aims_at_memory_except_where_vllm_budgets_it():
+    from types import SimpleNamespace
+
+    from optimizers.kv_cache_dtype import KvCacheDtype
+
+    rung = KvCacheDtype()
+    rung.aim = "memory"
+    on = lambda engine: SimpleNamespace(recipe=SimpleNamespace(engine=engine))  # noqa: E731
+    assert rung.aim_for(on("llama.cpp")) == "memory" and rung.aim_for(on("vllm")) == "speed"

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 def climb(name, opt, champion, sweep: Sweep, book: Ledger, key: str) -> RungOutcome:
     """Skipped rungs are decided here; a rung that applies is built, measured and gated in its own child
     process (conf/isolation), so a crash, an out-of-memory or a hang fails the rung, not the sweep."""
-    tags = {Tag.RUNG: name, Tag.KIND: "rung", Tag.COST: opt.cost, Tag.AIM: opt.aim,
+    tags = {Tag.RUNG: name, Tag.KIND: "rung", Tag.COST: opt.cost,
             Tag.CHAMPION_BEFORE: champion.run_id if champion else ""}
     with tracking.run(name, sweep.experiment_id, nested=True, tags=tags) as run:
         book.started(name, key, run.info.run_id)
@@ -112,7 +112,9 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
         if champion is None:
             outcome.verdict = Verdict("accepted", "baseline: the first champion, measured as is")
         else:
-            criteria = rounds.performance(champion, outcome.bench, cand, sweep, name, apart, opt.aim)
+            aim = opt.aim_for(cand)
+            rung_log.note(Tag.AIM, aim)
+            criteria = rounds.performance(champion, outcome.bench, cand, sweep, name, apart, aim)
             if cfg.gate.get("slos_still_met", True):
                 criteria.append(gate.slos(champion.bench, outcome.bench))
             drift = sweep.scorer.judge(outcome.fidelity)   # fidelity (and generation agreement) vs the baseline
