@@ -17,6 +17,8 @@ from pathlib import Path
 
 from torch.profiler import ProfilerActivity, profile
 
+PROFILED = ("torch", "onnxruntime")    # the engines with a profiler here (a server's own /metrics are logged)
+
 
 @dataclass(frozen=True)
 class OpTime:

@@ -62,11 +62,15 @@ def diagnose_sweep(outcomes: list[RungOutcome], champion: RungOutcome | None, sw
 def _profile_champion(champion: RungOutcome, sweep: Sweep):
     """The champion's decode step under its engine's profiler; None (with the reason tagged) when there is no
     decode step or the profiler fails — that costs the table, not the sweep."""
-    cfg, rules = sweep.cfg, sweep.cfg.diagnosis
     if not kind_of(champion.candidate.target.kind).decodes:
         tracking.set_tag(Tag.DIAGNOSIS_FRAMEWORK_PROFILE, "not applicable: the profile is of a decode step, and "
                                                           "an encoder has none")
         return None
+    if (engine := champion.candidate.recipe.engine) not in profiling.PROFILED:
+        tracking.set_tag(Tag.DIAGNOSIS_FRAMEWORK_PROFILE, f"not applicable: no framework profiler for {engine} here "
+                                                          f"(profiled: {', '.join(profiling.PROFILED)})")
+        return None
+    cfg, rules = sweep.cfg, sweep.cfg.diagnosis
     try:
         with sweep.ui.stage(f"diagnosis: profiling {champion.name}'s decode step"):
             ids = [t for p in sweep.workload.prompts for t in p.token_ids][:int(rules.profile.prompt_tokens)]
