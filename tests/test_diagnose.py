@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.analyse.diagnose import default_rules, diagnose, resource_layer
+from experiments.analyse.diagnose import default_rules, diagnose, recommend, resource_layer
 from experiments.analyse.profiling import ort_ops, profile_decode
 from experiments.analyse.roofline import Hardware, ModelShape, Roofline
 from experiments.core.reports import ResourceSeries
@@ -239,3 +239,24 @@ def test_a_champion_without_a_profiler_here_is_said_so_without_building_it(tmp_p
         mlflow.set_tracking_uri(previous)
     assert tags["roi.diagnosis.framework_profile"] == ("not applicable: no framework profiler for llama.cpp here "
                                                        "(profiled: torch, onnxruntime)")
+
+
+def test_a_rung_that_does_not_apply_to_the_champion_is_not_recommended():
+    """A llama.cpp server at saturation batches in its own slots: the recommendation passes over dynamic and
+    continuous batching with the rungs' own reasons and says what is left, instead of naming a rung the ladder
+    would skip."""
+    from pathlib import Path
+
+    from experiments.climb.sweep_report import _refusal
+    from experiments.core.recipe import Candidate, Env, Target
+    from optimizers.baseline import EagerBaseline
+    from optimizers.serving_engine import ServingEngineSwap
+
+    base = EagerBaseline().apply(Candidate(Target("t", "causal-lm", Path("/x"))))
+    server = ServingEngineSwap("llama.cpp", max_num_seqs=8).apply(base)
+    cpu = Env(cuda=False, cuda_capability=None, cpu_count=2)
+    table = {"saturation": ["dynamic_batching", "continuous_batching"]}
+    rung, reason = recommend("saturation", "flat", table, server.rungs, {}, refusal=_refusal(server, cpu))
+    assert rung == "none", reason
+    assert "dynamic_batching: does not apply (the champion already uses continuous batching)" in reason
+    assert recommend("saturation", "flat", table, base.rungs, {}, refusal=_refusal(base, cpu))[0] != "none"

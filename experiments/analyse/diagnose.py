@@ -71,17 +71,19 @@ class Diagnosis:
         return "\n".join(lines) + "\n"
 
 
-def diagnose(bench, roofline=None, rules=None, applied=(), tried=None, ladder=None) -> Diagnosis:
+def diagnose(bench, roofline=None, rules=None, applied=(), tried=None, ladder=None, refusal=None) -> Diagnosis:
     """The three layers of one configuration's measurements, and what to try next.
 
     applied: the rungs the configuration already has; tried: rung -> verdict in this sweep (a rejected,
     skipped or failed rung is not recommended again); ladder: this sweep's rungs (a recommendation outside
-    it says so). Only rungs with a YAML in conf/rung/ are recommended."""
+    it says so); refusal: rung -> why it does not apply to this configuration, or None (a llama.cpp server
+    batches in its own slots: no dynamic batching in front of it). Only rungs with a YAML in conf/rung/ are
+    recommended."""
     rules = rules or default_rules()
     resources = resource_layer(bench.levels, rules.resource)
     shares = tuple(s for s in (TimeShare.of(lv) for lv in bench.levels) if s is not None)
     bottleneck, summary = _bottleneck(resources, shares, roofline, rules.framework)
-    rung, reason = recommend(bottleneck, summary, rules.next_rung, applied, tried or {}, ladder)
+    rung, reason = recommend(bottleneck, summary, rules.next_rung, applied, tried or {}, ladder, refusal)
     return Diagnosis(bottleneck, summary, rung, reason, resources, shares,
                      roofline.summary() if roofline is not None else "")
 
@@ -126,8 +128,10 @@ def known_rungs() -> set[str]:
     return {p.stem for p in (CONF.parent.parent / "rung").glob("*.yaml")}
 
 
-def recommend(bottleneck: str, summary: str, table, applied, tried: dict, ladder=None) -> tuple[str, str]:
-    """The first rung listed for the bottleneck that is neither applied nor already turned down here."""
+def recommend(bottleneck: str, summary: str, table, applied, tried: dict, ladder=None,
+              refusal=None) -> tuple[str, str]:
+    """The first rung listed for the bottleneck that is neither applied, nor already turned down here, nor
+    refused by the configuration (`refusal`: rung -> its reason, or None)."""
     options = list(table.get(bottleneck) or [])
     if not options:
         return "none", (f"no rung of the ladder addresses {bottleneck.replace('_', ' ')}: "
@@ -140,12 +144,14 @@ def recommend(bottleneck: str, summary: str, table, applied, tried: dict, ladder
             passed.append(f"{rung}: no conf/rung/{rung}.yaml")
         elif tried.get(rung) in ("rejected", "skipped", "failed"):
             passed.append(f"{rung}: {tried[rung]} in this sweep")
+        elif refusal is not None and (why := refusal(rung)):
+            passed.append(f"{rung}: does not apply ({why})")
         else:
             note = f" (passed over: {', '.join(passed)})" if passed else ""
             if ladder is not None and rung not in ladder:
                 note += f"; not in this ladder: add `/rung@rungs.{rung}: {rung}` to its defaults"
             return rung, f"{bottleneck.replace('_', ' ')} — {summary}{note}"
-    return "none", (f"every rung for {bottleneck.replace('_', ' ')} is applied or was turned down "
+    return "none", (f"every rung for {bottleneck.replace('_', ' ')} is applied, was turned down or does not apply "
                     f"({', '.join(passed)}): size replicas with the capacity plan, or change the model")
 
 

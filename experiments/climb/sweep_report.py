@@ -6,10 +6,12 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from experiments.analyse import diagnose, profiling, roofline
+from experiments.climb.overrides import CONF_DIR
 from experiments.climb.sweep import Sweep
+from experiments.climb.validation import rung_from
 from experiments.core.names import Tag
 from experiments.core.recipe import Candidate
 from experiments.core.secrets import scrub_text
@@ -18,8 +20,10 @@ from experiments.record import plots, tracking
 from experiments.record.outcome import RungOutcome
 from experiments.serving import build_engine
 from experiments.targets.kinds import kind_of
+from optimizers.base import Optimizer
 
 log = logging.getLogger(__name__)
+RUNGS = Path(CONF_DIR) / "rung"
 
 
 def diagnose_sweep(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: Sweep) -> None:
@@ -39,7 +43,8 @@ def diagnose_sweep(outcomes: list[RungOutcome], champion: RungOutcome | None, sw
                 o.decode_floor_ms = alone.decode.min_seconds_per_token * 1e3
                 client.log_metric(o.run_id, "roofline/decode_floor_ms_c1", o.decode_floor_ms)
             found[o.name] = diagnose.diagnose(o.bench, _place_on_roofline(o.candidate, cfg.target.workload,
-                                              hardware), rules, o.candidate.rungs, tried, names)
+                                              hardware), rules, o.candidate.rungs, tried, names,
+                                              _refusal(o.candidate, sweep.env))
             diagnose.log_to_run(client, o.run_id, found[o.name])
         except Exception as exc:  # noqa: BLE001  (a diagnosis that breaks is recorded, the sweep goes on)
             log.exception("diagnosing %s failed", o.name)
@@ -57,6 +62,19 @@ def diagnose_sweep(outcomes: list[RungOutcome], champion: RungOutcome | None, sw
     tracking.log_metrics(result.to_metrics())
     tracking.log_text(result.to_markdown(), "diagnosis/diagnosis.md")
     sweep.ui.note(f"diagnosis of {champion.name}: {result.tag}\n  recommended next rung: {result.next_rung}")
+
+
+def _refusal(cand: Candidate, env):
+    """rung -> why it does not apply to `cand`, as the ladder's own check of conf/rung/<rung>.yaml says (a llama.cpp
+    server batches in its own slots), or None. A rung that decides from evidence (distillation: is the model the
+    bottleneck?) is left to the diagnosis, which weighs that evidence; one that cannot tell is not ruled out."""
+    def why(name: str) -> str | None:
+        try:
+            opt = rung_from(name, OmegaConf.load(RUNGS / f"{name}.yaml"))
+            return None if type(opt).observe is not Optimizer.observe else opt.check(env, cand)
+        except Exception:  # noqa: BLE001  (a recommendation, not a verdict)
+            return None
+    return why
 
 
 def _profile_champion(champion: RungOutcome, sweep: Sweep):

@@ -35,25 +35,30 @@ def load_rungs(cfg: DictConfig) -> list[tuple[str, Optimizer]]:
             raise ConfigError(f"the ladder lists one rung twice: {name!r} has the same config as {seen[settings]!r}",
                               f"drop {name!r} from the ladder (or give it different settings)")
         seen[settings] = name
-        aim = rung_cfg.get("aim", "speed")
-        if aim not in AIMS:
-            raise ConfigError(f"rung {name!r} has aim {aim!r}, which is not one of {AIMS}",
-                              f"set ladder.rungs.{name}.aim to speed (a gain) or memory (a saving at no slowdown)")
-        try:
-            opt = instantiate({key: value for key, value in rung_cfg.items() if key != "aim"})
-        except InstantiationException as exc:
-            cause = exc.__cause__ or exc
-            raise ConfigError(f"rung {name!r} could not be built from its config: {cause}",
-                              f"check conf/rung/{name}.yaml: keys must match the optimizer's arguments") from None
-        if not isinstance(opt, Optimizer):
-            raise ConfigError(f"rung {name!r} has _target_ {rung_cfg.get('_target_')}, which is not an Optimizer",
-                              "point _target_ at a class in optimizers/")
-        opt.name, opt.aim = name, aim
-        rungs.append((name, opt))
+        rungs.append((name, rung_from(name, rung_cfg)))
     if not rungs or not isinstance(rungs[0][1], EagerBaseline):
         raise ConfigError("the ladder must start with the baseline rung (the first champion)",
                           "put `/rung@rungs.baseline: baseline` first in the ladder's defaults")
     return rungs
+
+
+def rung_from(name: str, rung_cfg) -> Optimizer:
+    """The Optimizer a rung's config makes (its `_target_` and arguments), with its name and `aim`."""
+    aim = rung_cfg.get("aim", "speed")
+    if aim not in AIMS:
+        raise ConfigError(f"rung {name!r} has aim {aim!r}, which is not one of {AIMS}",
+                          f"set ladder.rungs.{name}.aim to speed (a gain) or memory (a saving at no slowdown)")
+    try:
+        opt = instantiate({key: value for key, value in rung_cfg.items() if key != "aim"})
+    except InstantiationException as exc:
+        cause = exc.__cause__ or exc
+        raise ConfigError(f"rung {name!r} could not be built from its config: {cause}",
+                          f"check conf/rung/{name}.yaml: keys must match the optimizer's arguments") from None
+    if not isinstance(opt, Optimizer):
+        raise ConfigError(f"rung {name!r} has _target_ {rung_cfg.get('_target_')}, which is not an Optimizer",
+                          "point _target_ at a class in optimizers/")
+    opt.name, opt.aim = name, aim
+    return opt
 
 
 def check_required(cfg: DictConfig, rungs: list[tuple[str, Optimizer]], env: Env) -> None:
