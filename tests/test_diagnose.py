@@ -256,7 +256,14 @@ def test_a_rung_that_does_not_apply_to_the_champion_is_not_recommended():
     server = ServingEngineSwap("llama.cpp", max_num_seqs=8).apply(base)
     cpu = Env(cuda=False, cuda_capability=None, cpu_count=2)
     table = {"saturation": ["dynamic_batching", "continuous_batching"]}
-    rung, reason = recommend("saturation", "flat", table, server.rungs, {}, refusal=_refusal(server, cpu))
+    rung, reason = recommend("saturation", "flat", table, server.rungs, {}, refusal=_refusal(server, cpu, {}))
     assert rung == "none", reason
     assert "dynamic_batching: does not apply (the champion already uses continuous batching)" in reason
-    assert recommend("saturation", "flat", table, base.rungs, {}, refusal=_refusal(base, cpu))[0] != "none"
+    assert recommend("saturation", "flat", table, base.rungs, {}, refusal=_refusal(base, cpu, {}))[0] != "none"
+    # the rung as this sweep's ladder configures it, not conf/rung's: a setting it cannot be built with rules
+    # nothing out (a recommendation, not a verdict)
+    from omegaconf import OmegaConf
+    odd = {"dynamic_batching": OmegaConf.create({"_target_": "optimizers.batching.Batching", "kind": "dynamic",
+                                                 "max_batch": 0})}
+    assert recommend("saturation", "flat", table, server.rungs, {}, refusal=_refusal(server, cpu, odd))[0] == \
+        "dynamic_batching"

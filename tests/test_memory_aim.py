@@ -25,7 +25,7 @@ def rounds_of(champion, challenger):
 
 
 def criteria(gate, rounds, champion, challenger):
-    return [gate.interleaved(rounds), memory_saving.on_rounds(rounds, gate.cfg),
+    return [gate.interleaved(rounds), memory_saving.on_rounds(rounds, gate),
             gate.consistency(rounds, champion, challenger)]
 
 
@@ -87,21 +87,42 @@ def test_the_looks_keep_the_error_at_the_allowed_slowdown_and_accept_no_change()
     assert not any(ok for ok, _ in slower) and np.median([used for _, used in slower]) < 32
 
 
-def test_no_saving_in_reach_ends_the_rounds():
-    cfg = OmegaConf.merge(MEMORY, {"interleaved": {"rounds": 8, "max_rounds": 32}})
-    same = rounds_of([(100, 535)] * 8, [(100, 534)] * 8)
-    saving = rounds_of([(100, 535)] * 8, [(100, 368)] * 8)
-    assert memory_saving.out_of_reach(memory_saving.on_rounds(same, cfg), cfg)
-    assert not memory_saving.out_of_reach(memory_saving.on_rounds(saving, cfg), cfg)
+def test_the_rounds_go_on_until_speed_and_memory_both_pass_or_either_cannot():
+    """A look before the last: stop when both pass, or when the slowdown allowed or the saving needed is out of
+    reach; a speed that passes while the saving is still in doubt measures more rounds (not rejected early)."""
+    from experiments.climb.rounds import _decided
+
+    gate = Gate(OmegaConf.merge(MEMORY, {"interleaved": {"rounds": 8, "max_rounds": 32}}), aim="memory")
+    rng = np.random.default_rng(1)
+    steady = [(100, 535)] * 8
+
+    def challenger(ms_noise, mb, mb_noise=0.0):
+        return [(100 * np.exp(rng.normal(0, ms_noise)), mb * np.exp(rng.normal(0, mb_noise))) for _ in range(8)]
+
+    both_pass = rounds_of(steady, challenger(0.01, 368))
+    no_saving = rounds_of(steady, challenger(0.01, 530))
+    much_slower = rounds_of(steady, [(130, 368)] * 8)
+    saving_in_doubt = rounds_of(steady, challenger(0.01, 470, 0.08))
+    speed_in_doubt = rounds_of(steady, challenger(0.15, 368))
+    assert all(memory_saving.decided(gate, r) for r in (both_pass, no_saving, much_slower))
+    assert not memory_saving.decided(gate, saving_in_doubt), memory_saving.on_rounds(saving_in_doubt, gate).detail
+    assert not memory_saving.decided(gate, speed_in_doubt), gate.interleaved(speed_in_doubt).detail
+    speed_gate = gate.aimed_at("speed")
+    assert _decided(gate)(saving_in_doubt) is False and _decided(speed_gate) == speed_gate.rounds_decided
+    assert "look 1 of 4: upper bound" in memory_saving.on_rounds(both_pass, gate).detail
 
 
 def test_the_devices_own_memory_is_compared_where_the_driver_reports_it():
     with_gpu = [level(100, 900, gpu_proc_mem_mb_max=4000.0, gpu_mem_mb_max=9000.0),
                 level(100, 900, gpu_proc_mem_mb_max=3000.0, gpu_mem_mb_max=8000.0)]
     assert memory_saving.measure(with_gpu) == ("GPU memory", "gpu_proc_mem_mb_max")
-    device_only = [replace(lv, gpu_proc_mem_mb_max=None) for lv in with_gpu]
-    assert memory_saving.measure(device_only) == ("device GPU memory", "gpu_mem_mb_max")
     assert memory_saving.measure([level(100, 900)]) == ("RSS", "rss_mb_max")
+    # device-wide only: it holds the paused rival too, so it compares nothing (and says so)
+    device_only = [replace(lv, gpu_proc_mem_mb_max=None) for lv in with_gpu]
+    assert memory_saving.measure(device_only) == (memory_saving.NO_GPU_FIGURE, None)
+    rounds = Rounds(1, {"champion": (device_only[0],) * 8, "challenger": (device_only[1],) * 8})
+    crit = memory_saving.on_rounds(rounds, Gate(MEMORY, aim="memory"))
+    assert not crit.passed and crit.detail.startswith("memory: not compared: on a GPU, the driver reports no")
 
 
 def test_recorded_runs_compare_one_reading_each():

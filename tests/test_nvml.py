@@ -2,6 +2,7 @@
 leaves, NVML all of the machine's), and this process's own GPU memory where the driver reports it. A fake pynvml
 and a pretend CUDA torch stand in for the GPU."""
 import os
+import subprocess
 import sys
 import time
 import types
@@ -75,7 +76,21 @@ def test_no_per_process_figure_is_said_not_guessed(monkeypatch, processes):
     fake_nvml(monkeypatch, processes=processes)   # another PID namespace; or NVML_VALUE_NOT_AVAILABLE
     sampler = sample()
     assert sampler.summary()["gpu_proc_mem_mb_max"] is None and sampler.gpu_mem_mb
-    assert "does not report this process's GPU memory" in sampler.series().gpu_proc_skipped
+    assert "does not report the engine's processes' GPU memory" in sampler.series().gpu_proc_skipped
+
+
+def test_a_servers_gpu_memory_is_its_processes_not_the_clients(monkeypatch):
+    """A serving engine: the sampler runs in the client, the server's processes hold the device memory."""
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        fake_nvml(monkeypatch, processes=[types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=700 * 2**20),
+                                          types.SimpleNamespace(pid=server.pid, usedGpuMemory=2000 * 2**20)])
+        with ResourceSampler(interval_s=0.01, processes=lambda: [server.pid]) as sampler:
+            time.sleep(0.1)
+    finally:
+        server.kill()
+        server.wait()
+    assert sampler.summary()["gpu_proc_mem_mb_max"] == 2000.0
 
 
 def test_a_mig_instance_is_found_by_its_mig_uuid(monkeypatch):

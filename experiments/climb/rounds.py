@@ -48,17 +48,15 @@ def performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate, 
     rung_log.log_rounds(rounds, cfg.gate.objective, "gate/interleaved_rounds.csv", "gate/round_ratio")
     rung_log.note(Tag.GATE_INTERLEAVED,
                   contender.ROUNDS_DONE[bool(rounds_cfg.get("fresh_build_per_run", False))])
-    memory = [memory_saving.on_rounds(rounds, cfg.gate)] if aim == "memory" else []
+    memory = [memory_saving.on_rounds(rounds, gate)] if aim == "memory" else []
     return [gate.interleaved(rounds), *memory, consistency]
 
 
-def _decided(gate: Gate, cfg_gate):
-    """When to stop adding rounds: the gate's looks on speed; aiming at memory, also once the saving needed is
-    out of reach."""
+def _decided(gate: Gate):
+    """When to stop adding rounds: the gate's looks on speed; aiming at memory, on speed and memory together."""
     if gate.aim != "memory":
         return gate.rounds_decided
-    return lambda rounds: (memory_saving.out_of_reach(memory_saving.on_rounds(rounds, cfg_gate), cfg_gate)
-                           or gate.rounds_decided(rounds))
+    return lambda rounds: memory_saving.decided(gate, rounds)
 
 
 def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, gate: Gate, name: str, apart: contender.Apart,
@@ -86,5 +84,5 @@ def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, gate: Gate, name
                                   ) as runs:
             # the order's seed: the sweep's, the rung and the attempt (a second measurement draws anew)
             seed = (int(cfg.seed), zlib.crc32(name.encode()), attempt)
-            return interleaved.measure(runs, most, c, on_round, seed, looks[:-1], _decided(gate, cfg.gate),
+            return interleaved.measure(runs, most, c, on_round, seed, looks[:-1], _decided(gate),
                                        rounds_cfg.get("budget_s"))

@@ -44,7 +44,7 @@ def diagnose_sweep(outcomes: list[RungOutcome], champion: RungOutcome | None, sw
                 client.log_metric(o.run_id, "roofline/decode_floor_ms_c1", o.decode_floor_ms)
             found[o.name] = diagnose.diagnose(o.bench, _place_on_roofline(o.candidate, cfg.target.workload,
                                               hardware), rules, o.candidate.rungs, tried, names,
-                                              _refusal(o.candidate, sweep.env))
+                                              _refusal(o.candidate, sweep.env, cfg.ladder.get("rungs") or {}))
             diagnose.log_to_run(client, o.run_id, found[o.name])
         except Exception as exc:  # noqa: BLE001  (a diagnosis that breaks is recorded, the sweep goes on)
             log.exception("diagnosing %s failed", o.name)
@@ -64,13 +64,14 @@ def diagnose_sweep(outcomes: list[RungOutcome], champion: RungOutcome | None, sw
     sweep.ui.note(f"diagnosis of {champion.name}: {result.tag}\n  recommended next rung: {result.next_rung}")
 
 
-def _refusal(cand: Candidate, env):
-    """rung -> why it does not apply to `cand`, as the ladder's own check of conf/rung/<rung>.yaml says (a llama.cpp
-    server batches in its own slots), or None. A rung that decides from evidence (distillation: is the model the
-    bottleneck?) is left to the diagnosis, which weighs that evidence; one that cannot tell is not ruled out."""
+def _refusal(cand: Candidate, env, ladder_rungs):
+    """rung -> why it does not apply to `cand`, as the rung's own check says (a llama.cpp server batches in its own
+    slots), or None; the rung as this ladder configures it, else as conf/rung/<rung>.yaml does. A rung that decides
+    from evidence (distillation: is the model the bottleneck?) is left to the diagnosis, which weighs that evidence;
+    one that cannot tell is not ruled out."""
     def why(name: str) -> str | None:
         try:
-            opt = rung_from(name, OmegaConf.load(RUNGS / f"{name}.yaml"))
+            opt = rung_from(name, ladder_rungs.get(name) or OmegaConf.load(RUNGS / f"{name}.yaml"))
             return None if type(opt).observe is not Optimizer.observe else opt.check(env, cand)
         except Exception:  # noqa: BLE001  (a recommendation, not a verdict)
             return None

@@ -26,7 +26,7 @@ class ResourceSeries:
     gpu_mem_total_mb: float | None = None
     cpu_count: int = 1
     gpu_skipped: str = ""
-    gpu_proc_mem_mb: tuple[float, ...] = ()   # this process's GPU memory, where the driver reports it
+    gpu_proc_mem_mb: tuple[float, ...] = ()   # the engine's processes' GPU memory, where the driver reports it
     gpu_proc_skipped: str = ""
 
 
@@ -43,7 +43,7 @@ class LevelReport:
     started: float = 0.0
     gpu_util_mean: float | None = None  # NVML, when a CUDA device is present
     gpu_mem_mb_max: float | None = None
-    gpu_proc_mem_mb_max: float | None = None   # this process's own, where the driver reports it
+    gpu_proc_mem_mb_max: float | None = None   # the engine's processes' own, where the driver reports it
     kv_mb_max: float | None = None     # paged KV cache: the most KV memory the sequences held at once
     server_metrics: dict[str, float] | None = None   # a serving engine's own /metrics over the level
     resources: ResourceSeries | None = field(default=None, repr=False)   # the samples, for the diagnosis

@@ -210,8 +210,8 @@ class Gate:
         elif recorded is not None and recorded.passed:
             numbers.update({"recorded_ratio_ci_high": recorded.numbers["ratio_ci_high"]})
             off, how = [], (f"consistent in its verdict: the sides moved apart ({moved}; the challenger "
-                            f"{relative:+.0%} relative to the champion), but the recorded runs alone show the gain "
-                            f"too ({recorded.detail})")
+                            f"{relative:+.0%} relative to the champion), but the recorded runs alone "
+                            f"{'show the gain' if self.aim == 'speed' else 'pass'} too ({recorded.detail})")
         else:
             how = f"consistent: each side within ±{tolerance:.0%} of its own run ({moved})"
             if off:

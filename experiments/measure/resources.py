@@ -61,10 +61,11 @@ class ResourceSampler:
         self.gpu_mem_total_mb = memory.total / 2**20
         if self.gpu_proc_skipped:
             return
-        mine = process_gpu_memory(pynvml, self._gpu, self._proc.pid)
+        # the engine's processes (a server's, for a serving engine): the device also holds a paused rival's
+        mine = process_gpu_memory(pynvml, self._gpu, {proc.pid for proc in self._watched()})
         if mine is None:
-            self.gpu_proc_skipped = ("the driver does not report this process's GPU memory (a container's PID "
-                                     "namespace, or a MIG or vGPU device): device-wide memory only")
+            self.gpu_proc_skipped = ("the driver does not report the engine's processes' GPU memory (a container's "
+                                     "PID namespace, or a MIG or vGPU device): device-wide memory only")
         else:
             self.gpu_proc_mem_mb.append(mine / 2**20)
 
@@ -149,10 +150,10 @@ def nvml_handle(pynvml, torch_index: int):
     raise RuntimeError(f"NVML has no device with the UUID of torch's cuda:{torch_index} ({uuid})")
 
 
-def process_gpu_memory(pynvml, handle, pid: int) -> int | None:
-    """Bytes of GPU memory `pid` holds on the device, or None when the driver does not say: NVML lists compute
+def process_gpu_memory(pynvml, handle, pids: set[int]) -> int | None:
+    """Bytes of GPU memory `pids` hold on the device, or None when the driver does not say: NVML lists compute
     processes by host PID (a container sees other numbers) and reports no per-process figure on some devices."""
-    used = [p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == pid]
+    used = [p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid in pids]
     if not used or any(u is None for u in used):
         return None
     return sum(used)
