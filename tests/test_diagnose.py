@@ -245,9 +245,10 @@ def test_a_rung_that_does_not_apply_to_the_champion_is_not_recommended():
     """A llama.cpp server at saturation batches in its own slots: the recommendation passes over dynamic and
     continuous batching with the rungs' own reasons and says what is left, instead of naming a rung the ladder
     would skip."""
+    from functools import partial
     from pathlib import Path
 
-    from experiments.climb.sweep_report import _refusal
+    from experiments.climb.sweep_report import _refusal, _rung_named
     from experiments.core.recipe import Candidate, Env, Target
     from optimizers.baseline import EagerBaseline
     from optimizers.serving_engine import ServingEngineSwap
@@ -256,14 +257,16 @@ def test_a_rung_that_does_not_apply_to_the_champion_is_not_recommended():
     server = ServingEngineSwap("llama.cpp", max_num_seqs=8).apply(base)
     cpu = Env(cuda=False, cuda_capability=None, cpu_count=2)
     table = {"saturation": ["dynamic_batching", "continuous_batching"]}
-    rung, reason = recommend("saturation", "flat", table, server.rungs, {}, refusal=_refusal(server, cpu, {}))
+    rung_named = partial(_rung_named, {})
+    as_listed = _refusal(server, cpu, rung_named)
+    rung, reason = recommend("saturation", "flat", table, server.rungs, {}, refusal=as_listed)
     assert rung == "none", reason
     assert "dynamic_batching: does not apply (the champion already uses continuous batching)" in reason
-    assert recommend("saturation", "flat", table, base.rungs, {}, refusal=_refusal(base, cpu, {}))[0] != "none"
+    assert recommend("saturation", "flat", table, base.rungs, {}, refusal=_refusal(base, cpu, rung_named))[0] != "none"
     # the rung as this sweep's ladder configures it, not conf/rung's: a setting it cannot be built with rules
     # nothing out (a recommendation, not a verdict)
     from omegaconf import OmegaConf
     odd = {"dynamic_batching": OmegaConf.create({"_target_": "optimizers.batching.Batching", "kind": "dynamic",
                                                  "max_batch": 0})}
-    assert recommend("saturation", "flat", table, server.rungs, {}, refusal=_refusal(server, cpu, odd))[0] == \
-        "dynamic_batching"
+    as_odd = _refusal(server, cpu, partial(_rung_named, odd))
+    assert recommend("saturation", "flat", table, server.rungs, {}, refusal=as_odd)[0] == "dynamic_batching"

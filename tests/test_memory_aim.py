@@ -129,7 +129,7 @@ def test_recorded_runs_compare_one_reading_each():
     champion = bench_with_e2e([100] * 20)
     champion = type(champion)((replace(champion.levels[0], rss_mb_max=535.0),))
     challenger = type(champion)((replace(champion.levels[0], rss_mb_max=368.0),))
-    crit = memory_saving.on_recorded(champion, challenger, 1, MEMORY)
+    crit = memory_saving.on_recorded(champion, challenger, Gate(MEMORY, aim="memory"))
     assert crit.passed and "RSS peak @c=1 368 vs 535 MB (one run each), ratio 0.688" in crit.detail
 
 
@@ -176,11 +176,15 @@ def test_the_rung_measures_memory_in_the_rounds_it_judges_speed_in(monkeypatch, 
 
 
 def test_a_kv_cache_in_fewer_bits_aims_at_memory_except_where_vllm_budgets_it():
-    from types import SimpleNamespace
+    from pathlib import Path
 
+    from experiments.core.recipe import Candidate, Target
+    from optimizers.baseline import EagerBaseline
     from optimizers.kv_cache_dtype import KvCacheDtype
+    from optimizers.serving_engine import ServingEngineSwap
 
     rung = KvCacheDtype()
     rung.aim = "memory"
-    on = lambda engine: SimpleNamespace(recipe=SimpleNamespace(engine=engine))  # noqa: E731
+    base = EagerBaseline().apply(Candidate(Target("t", "causal-lm", Path("/x"))))
+    on = lambda engine: ServingEngineSwap(engine).apply(base)  # noqa: E731
     assert rung.aim_for(on("llama.cpp")) == "memory" and rung.aim_for(on("vllm")) == "speed"

@@ -28,8 +28,7 @@ def performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate, 
     cfg, gate = sweep.cfg, sweep.gate.aimed_at(aim)
     rounds_cfg = cfg.gate.interleaved
     if not rounds_cfg.rounds:
-        memory = ([memory_saving.on_recorded(champion.bench, bench, gate.objective_concurrency(champion.bench),
-                                             cfg.gate)] if aim == "memory" else [])
+        memory = [memory_saving.on_recorded(champion.bench, bench, gate)] if aim == "memory" else []
         return [gate.performance(champion.bench, bench), *memory]
     if rounds_cfg.get("skip_without_recorded_gain", True):
         decided = gate.without_rounds(champion.bench, bench)

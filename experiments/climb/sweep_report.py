@@ -2,6 +2,7 @@
 profiled in a child process), and the sweep's plots."""
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +35,7 @@ def diagnose_sweep(outcomes: list[RungOutcome], champion: RungOutcome | None, sw
     cfg = sweep.cfg
     rules, hardware = cfg.diagnosis, roofline.Hardware.from_conf(cfg.hardware)   # local CPU: measured once, here
     tried, names = {o.name: o.verdict.status for o in outcomes}, [o.name for o in outcomes]
+    rung_named = functools.cache(functools.partial(_rung_named, cfg.ladder.get("rungs") or {}))
     client, found = tracking.client(), {}
     for o in outcomes:
         if o.bench is None or o.candidate is None or not o.run_id:
@@ -44,7 +46,7 @@ def diagnose_sweep(outcomes: list[RungOutcome], champion: RungOutcome | None, sw
                 client.log_metric(o.run_id, "roofline/decode_floor_ms_c1", o.decode_floor_ms)
             found[o.name] = diagnose.diagnose(o.bench, _place_on_roofline(o.candidate, cfg.target.workload,
                                               hardware), rules, o.candidate.rungs, tried, names,
-                                              _refusal(o.candidate, sweep.env, cfg.ladder.get("rungs") or {}))
+                                              _refusal(o.candidate, sweep.env, rung_named))
             diagnose.log_to_run(client, o.run_id, found[o.name])
         except Exception as exc:  # noqa: BLE001  (a diagnosis that breaks is recorded, the sweep goes on)
             log.exception("diagnosing %s failed", o.name)
@@ -64,15 +66,25 @@ def diagnose_sweep(outcomes: list[RungOutcome], champion: RungOutcome | None, sw
     sweep.ui.note(f"diagnosis of {champion.name}: {result.tag}\n  recommended next rung: {result.next_rung}")
 
 
-def _refusal(cand: Candidate, env, ladder_rungs):
+def _rung_named(ladder_rungs, name: str) -> Optimizer | None:
+    """The rung as this ladder configures it, else as conf/rung/<rung>.yaml does; None where it cannot be built
+    alone (distillation's settings come from the sweep's config)."""
+    try:
+        return rung_from(name, ladder_rungs.get(name) or OmegaConf.load(RUNGS / f"{name}.yaml"))
+    except Exception:  # noqa: BLE001  (a recommendation, not a verdict)
+        return None
+
+
+def _refusal(cand: Candidate, env, rung_named):
     """rung -> why it does not apply to `cand`, as the rung's own check says (a llama.cpp server batches in its own
-    slots), or None; the rung as this ladder configures it, else as conf/rung/<rung>.yaml does. A rung that decides
-    from evidence (distillation: is the model the bottleneck?) is left to the diagnosis, which weighs that evidence;
-    one that cannot tell is not ruled out."""
+    slots), or None. A rung that decides from evidence (distillation: is the model the bottleneck?) is left to the
+    diagnosis, which weighs that evidence; one that cannot tell is not ruled out."""
     def why(name: str) -> str | None:
+        opt = rung_named(name)
+        if opt is None or type(opt).observe is not Optimizer.observe:
+            return None
         try:
-            opt = rung_from(name, ladder_rungs.get(name) or OmegaConf.load(RUNGS / f"{name}.yaml"))
-            return None if type(opt).observe is not Optimizer.observe else opt.check(env, cand)
+            return opt.check(env, cand)
         except Exception:  # noqa: BLE001  (a recommendation, not a verdict)
             return None
     return why

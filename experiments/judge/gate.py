@@ -116,22 +116,30 @@ class Gate:
         ratio, lo, hi = rounds_ratio_ci(ratios, self.cfg.confidence)
         spread = {"rounds": float(len(ratios)), "round_ratio_min": float(ratios.min()),
                   "round_ratio_max": float(ratios.max())}
-        looks = self.round_looks()
-        if len(looks) == 1:
+        at_look = self.look_bounds(ratios)
+        if at_look is None:
             return self._judged(ratio, lo, hi, label, spread)
         # Several looks: each accepts at the same calibrated error (sequential.look_alpha); the interval shown
         # stays the single look's, for the reader, and the detail says which look decided.
-        alpha = sequential.look_alpha(float(self.cfg.confidence), tuple(looks))
-        _, slower_bound, bound = rounds_ratio_ci(ratios, 1 - 2 * alpha)
-        look = max(1, sum(n <= len(ratios) for n in looks))
+        alpha, slower_bound, bound, look, looks = at_look
         need = self.speed_bound
         passed = bound < need
-        detail = (f"{label} ratio {ratio:.3f} [{lo:.3f}, {hi:.3f}]; look {look} of {len(looks)}: upper bound "
+        detail = (f"{label} ratio {ratio:.3f} [{lo:.3f}, {hi:.3f}]; look {look} of {looks}: upper bound "
                   f"{bound:.3f} at one-sided {alpha:.4f} {'<' if passed else '>='} {need:.2f} {self._bound_word}")
         return Criterion("performance", passed, detail,
                          {"ratio": ratio, "ratio_ci_low": lo, "ratio_ci_high": hi, "ratio_needed": need,
                           "ratio_accept_bound": bound, "ratio_slower_bound": slower_bound, "look": float(look),
-                          "looks": float(len(looks)), **spread})
+                          "looks": float(looks), **spread})
+
+    def look_bounds(self, ratios: np.ndarray) -> tuple[float, float, float, int, int] | None:
+        """Where the gate looks several times: (each look's one-sided error, the lower and upper bounds at it,
+        which look these rounds are, how many looks); None with one look."""
+        looks = self.round_looks()
+        if len(looks) == 1:
+            return None
+        alpha = sequential.look_alpha(float(self.cfg.confidence), tuple(looks))
+        _, low, high = rounds_ratio_ci(ratios, 1 - 2 * alpha)
+        return alpha, low, high, max(1, sum(n <= len(ratios) for n in looks)), len(looks)
 
     def looked(self, rounds, challenger: str = "challenger", champion: str = "champion") -> tuple[Criterion, int]:
         """(the criterion, the rounds it took) as the rounds' looks would have decided on these rounds' first

@@ -13,7 +13,6 @@ import math
 import numpy as np
 
 from experiments.core.stats import min_rounds, rounds_ratio_ci
-from experiments.judge import sequential
 from experiments.judge.gate import Criterion, Gate
 
 # On a GPU the device memory of the engine's processes (a server's: all of them), where the driver reports it;
@@ -38,19 +37,18 @@ def on_rounds(rounds, gate: Gate, challenger: str = "challenger", champion: str 
     ratio, lo, hi = rounds_ratio_ci(ratios, confidence)
     mb = (float(np.median([_mb(a, key) for a in mine])), float(np.median([_mb(b, key) for b in theirs])))
     label = f"{what} peak {mb[0]:,.0f} vs {mb[1]:,.0f} MB (medians over {len(ratios)} rounds), ratio"
-    looks = gate.round_looks()
-    if len(looks) == 1:
+    at_look = gate.look_bounds(ratios)
+    if at_look is None:
         return _judged(ratio, lo, hi, hi, lo, label, mb, gate.cfg)
-    alpha = sequential.look_alpha(confidence, tuple(looks))
-    _, low, bound = rounds_ratio_ci(ratios, 1 - 2 * alpha)
-    look = max(1, sum(n <= len(ratios) for n in looks))
+    alpha, low, bound, look, looks = at_look
     return _judged(ratio, lo, hi, bound, low, label, mb, gate.cfg,
-                   f"; look {look} of {len(looks)}: upper bound {bound:.3f} at one-sided {alpha:.4f}")
+                   f"; look {look} of {looks}: upper bound {bound:.3f} at one-sided {alpha:.4f}")
 
 
-def on_recorded(champion, challenger, concurrency: int, cfg_gate) -> Criterion:
+def on_recorded(champion, challenger, gate: Gate) -> Criterion:
     """Against the champion's recorded run (gate.interleaved.rounds: 0): each run's peak at the objective's
     concurrency, one reading each, so no interval."""
+    concurrency = gate.objective_concurrency(champion)
     mine, theirs = challenger.level(concurrency), champion.level(concurrency)
     what, key = measure((mine, theirs))
     if key is None:
@@ -58,18 +56,19 @@ def on_recorded(champion, challenger, concurrency: int, cfg_gate) -> Criterion:
     mb = (_mb(mine, key), _mb(theirs, key))
     ratio = mb[0] / mb[1]
     return _judged(ratio, ratio, ratio, ratio, ratio, f"{what} peak @c={concurrency} {mb[0]:,.0f} vs {mb[1]:,.0f} MB "
-                                                      f"(one run each), ratio", mb, cfg_gate)
+                                                      f"(one run each), ratio", mb, gate.cfg)
 
 
 def decided(gate: Gate, rounds) -> bool:
     """Stop adding rounds (a look before the last): both pass at this look; or either cannot pass any more — the
     slowdown allowed shown exceeded, or the saving needed shown out of reach."""
     obj = gate.cfg.objective
-    speed = gate.on_ratios(rounds.ratios("challenger", "champion", obj.metric, obj.stat))
-    memory = on_rounds(rounds, gate)
-    if not speed.numbers or "memory_ratio_low" not in memory.numbers:
-        return True                           # a round without readings: no look can pass
-    speed_lost = speed.numbers.get("ratio_slower_bound", speed.numbers["ratio_ci_low"]) > gate.speed_bound
+    ratios = rounds.ratios("challenger", "champion", obj.metric, obj.stat)
+    speed, memory = gate.on_ratios(ratios), on_rounds(rounds, gate)
+    if "memory_ratio_low" not in memory.numbers:
+        return True                           # a round without a reading: no look can pass
+    # the gate's own rule for speed alone (Gate.ratios_decided): decided and not passed is lost
+    speed_lost = not speed.passed and gate.ratios_decided(ratios)
     memory_lost = memory.numbers["memory_ratio_low"] >= memory.numbers["memory_ratio_needed"]
     return (speed.passed and memory.passed) or speed_lost or memory_lost
 

@@ -52,7 +52,7 @@ class ResourceSampler:
         # the engine made its device the current one (TorchEngine, TorchEncoder)
         return nvml_handle(pynvml, torch.cuda.current_device())
 
-    def _sample_gpu(self) -> None:
+    def _sample_gpu(self, watched: list[psutil.Process]) -> None:
         import pynvml  # optional
 
         self.gpu_util.append(float(pynvml.nvmlDeviceGetUtilizationRates(self._gpu).gpu))
@@ -62,7 +62,7 @@ class ResourceSampler:
         if self.gpu_proc_skipped:
             return
         # the engine's processes (a server's, for a serving engine): the device also holds a paused rival's
-        mine = process_gpu_memory(pynvml, self._gpu, {proc.pid for proc in self._watched()})
+        mine = process_gpu_memory(pynvml, self._gpu, {proc.pid for proc in watched})
         if mine is None:
             self.gpu_proc_skipped = ("the driver does not report the engine's processes' GPU memory (a container's "
                                      "PID namespace, or a MIG or vGPU device): device-wide memory only")
@@ -87,9 +87,9 @@ class ResourceSampler:
                 pass
         return [self._seen[pid] for pid in pids if pid in self._seen]
 
-    def _cpu_and_rss(self) -> tuple[float, float]:
+    def _cpu_and_rss(self, watched: list[psutil.Process]) -> tuple[float, float]:
         cpu = rss = 0.0
-        for proc in self._watched():
+        for proc in watched:
             try:
                 cpu, rss = cpu + proc.cpu_percent(None), rss + proc.memory_info().rss
             except psutil.Error:
@@ -99,7 +99,8 @@ class ResourceSampler:
     def _run(self):
         tick = 0
         while not self._stop.wait(self.interval_s):
-            cpu, rss = self._cpu_and_rss()
+            watched = self._watched()
+            cpu, rss = self._cpu_and_rss(watched)
             self.cpu.append(cpu)
             self.rss_mb.append(rss / 2**20)
             if self._server_probe is not None and tick % self.SERVER_EVERY == 0:
@@ -110,7 +111,7 @@ class ResourceSampler:
             tick += 1
             self.host_mem_percent.append(psutil.virtual_memory().percent)
             if self._gpu is not None:
-                self._sample_gpu()
+                self._sample_gpu(watched)
             usage = self._kv_probe() if self._kv_probe else None
             if usage is not None:
                 self.kv_mb.append(usage.mb_in_use)
@@ -130,7 +131,7 @@ class ResourceSampler:
         peak = lambda xs: float(max(xs)) if xs else None  # noqa: E731
         return {"cpu_percent_mean": mean(self.cpu) or 0.0,
                 # a level shorter than one sample: one reading now, of the same processes
-                "rss_mb_max": peak(self.rss_mb) or self._cpu_and_rss()[1] / 2**20,
+                "rss_mb_max": peak(self.rss_mb) or self._cpu_and_rss(self._watched())[1] / 2**20,
                 "gpu_util_mean": mean(self.gpu_util), "gpu_mem_mb_max": peak(self.gpu_mem_mb),
                 "gpu_proc_mem_mb_max": peak(self.gpu_proc_mem_mb), "kv_mb_max": peak(self.kv_mb),
                 "server_metrics": server_metrics.summarize(self.server) if self._server_probe else None}

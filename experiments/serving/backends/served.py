@@ -35,6 +35,8 @@ class ServedEngine(Engine):
     startup_timeout_s = 600.0
     top_k = 20                       # prompt log-probs per position the server returns (fidelity's basis)
     metric_names: MetricNames | None = None     # what its /metrics calls running, waiting, KV use, preemptions
+    # its KV pool has a fixed memory budget whatever the KV type: fewer bits buy room for sequences, not memory
+    fixed_kv_budget = False
 
     def __init__(self, cand: Candidate, threads: int, artefact_root: Path, *, host: str = "127.0.0.1",
                  port: int | None = None):

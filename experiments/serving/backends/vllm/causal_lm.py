@@ -31,6 +31,7 @@ KV_CACHE_GIB = 2          # VLLM_CPU_KVCACHE_SPACE: 2 GiB held SmolLM2-135M's 8 
 class VllmEngine(ServedEngine):
     name = "vllm"
     metric_names = VLLM
+    fixed_kv_budget = True       # gpu_memory_utilization on a GPU, VLLM_CPU_KVCACHE_SPACE on a CPU
 
     @classmethod
     def refuses(cls, cand: Candidate) -> str | None:
