@@ -27,12 +27,12 @@ def test_every_profile_composes(profile, tmp_path):
     assert cfg.tracking.uri == f"sqlite:///{tmp_path}/mlflow.db"
 
 
-LADDERS = {"serving-quantized": ["baseline", "onnxruntime", "vllm", "int8", "int4", "llama_cpp", "kv_cache_dtype",
-                                  "speculative_ngram"],
-           "llama-cpp": ["baseline", "llama_cpp", "int8", "int4", "kv_cache_dtype", "speculative_ngram",
-                         "prefix_caching"],
-           "vllm": ["baseline", "vllm", "half_precision", "cuda_graph", "fp8", "speculative_ngram", "kv_cache_dtype",
-                    "prefix_caching"]}
+LADDERS = {"serving-quantized": ["baseline", "onnxruntime", "vllm", "int8", "int4", "llama_cpp", "server_batching",
+                                  "kv_cache_dtype", "speculative_ngram"],
+           "llama-cpp": ["baseline", "llama_cpp", "server_batching", "int8", "int4", "kv_cache_dtype",
+                         "speculative_ngram", "prefix_caching"],
+           "vllm": ["baseline", "vllm", "server_batching", "half_precision", "cuda_graph", "fp8", "speculative_ngram",
+                    "kv_cache_dtype", "prefix_caching"]}
 
 
 @pytest.mark.parametrize("ladder", sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "ladder").glob("*.yaml")))

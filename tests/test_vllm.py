@@ -130,8 +130,12 @@ def sweep(model_dir, tmp_path_factory):
 
 def test_the_vllm_rung_is_measured_and_judged_like_any_other(sweep):
     rungs, left, client = sweep
-    assert set(rungs) == {"baseline", "vllm"}
+    assert set(rungs) == {"baseline", "vllm", "server_batching"}
     vllm = rungs["vllm"].data
+    # the load peaks at 2 requests: vLLM's 16 sequences are not shrunk for nothing (a fixed KV budget)
+    batching = rungs["server_batching"].data.tags
+    assert batching["roi.verdict"] == "skipped", batching["roi.reason"]
+    assert ("fixed budget" if vllm.tags["roi.verdict"] == "accepted" else "in process") in batching["roi.reason"]
     assert vllm.tags["roi.verdict"] in ("accepted", "rejected"), vllm.tags["roi.reason"]
     assert vllm.params["recipe.engine"] == "vllm" and vllm.metrics["startup_s"] > 0
     assert "vllm.entrypoints.openai.api_server" in vllm.tags["roi.server.command"]

@@ -163,7 +163,7 @@ def cuda_server_refusal(name: str, recipe) -> str | None:
     if r.kv_cache_dtype != "auto" or r.speculative != "none":
         return f"{name}'s KV-cache types and speculative decoding are not wired here yet"
     if r.batching in ("static", "dynamic"):
-        return f"{name} batches continuously; its batching rung is continuous_batching"
+        return f"{name} batches continuously; its batching rung is server_batching"
     return None
 
 

@@ -3,7 +3,8 @@ itself), served by the native server built here (build.py).
 
 The recipe maps onto llama.cpp's own settings: precision -> the GGUF's type (F32, BF16, F16); quantization int8 ->
 Q8_0, int4 -> Q4_K_M, made from the user's own weights by llama-quantize; continuous batching's max_batch ->
---parallel (slots); prefix_caching -> its prompt cache (off otherwise: --no-cache-prompt, so that a repeated
+--parallel (slots), its max_tokens_per_step -> --batch-size and --ubatch-size (tokens one decode call carries;
+0: llama.cpp's defaults); prefix_caching -> its prompt cache (off otherwise: --no-cache-prompt, so that a repeated
 prompt is not measured as a faster engine, and --cache-ram 0: its host-memory copy of past prompts, 8 GiB by
 default, kept growing by ~2 MB a request even with the prompt cache off, which the soak judged a leak).
 
@@ -56,7 +57,7 @@ class LlamaCppEngine(ServedEngine):
             return (f"no GGUF type for precision {r.precision} with quantization {r.quantization} (llama.cpp here: "
                     f"fp32, bf16, fp16, or int8 -> Q8_0 and int4 -> Q4_K_M from fp32 weights)")
         if r.batching in ("static", "dynamic"):
-            return "llama-server batches continuously over its slots; its batching rung is continuous_batching"
+            return "llama-server batches continuously over its slots; its batching rung is server_batching"
         if r.kv_cache_dtype not in ("auto", "int8"):
             return f"llama.cpp's KV cache here is the model's precision or int8 (q8_0), not {r.kv_cache_dtype}"
         if r.speculative not in ("none", "ngram"):
@@ -137,6 +138,9 @@ def command(cand: Candidate, server: Path, gguf: Path, threads: int, model_conte
     args = [str(server), "-m", str(gguf), "--alias", cand.target.name, "--host", "127.0.0.1", "--port", "{port}",
             "--parallel", str(slots), "-c", str(context * slots), "--threads", str(threads), "--metrics",
             "--no-webui"]
+    if r.batching == "continuous" and r.max_tokens_per_step > 0:
+        # the physical batch (ubatch) cannot exceed the logical one
+        args += ["--batch-size", str(r.max_tokens_per_step), "--ubatch-size", str(r.max_tokens_per_step)]
     # with prefix caching, the host-memory prompt cache stays at llama-server's default (8 GiB): the soak judges it
     args += ["--cache-prompt"] if r.prefix_caching else ["--no-cache-prompt", "--cache-ram", "0"]
     if r.kv_cache_dtype == "int8":

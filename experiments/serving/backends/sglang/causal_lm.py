@@ -37,6 +37,8 @@ class SglangEngine(ServedEngine):
                 "--dtype", DTYPES[r.precision], "--enable-metrics"]
         if r.batching == "continuous" and r.max_batch > 1:
             args += ["--max-running-requests", str(r.max_batch)]
+        if r.batching == "continuous" and r.max_tokens_per_step > 0:
+            args += ["--chunked-prefill-size", str(r.max_tokens_per_step)]   # prefill tokens one step carries
         if not r.prefix_caching:
             args.append("--disable-radix-cache")      # its prefix cache is on by default
         if not r.cuda_graph:

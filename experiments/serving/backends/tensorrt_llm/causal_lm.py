@@ -33,6 +33,8 @@ class TensorRtLlmEngine(ServedEngine):
                 "--port", "{port}", "--backend", "pytorch", "--served_model_name", cand.target.name]
         if r.batching == "continuous" and r.max_batch > 1:
             args += ["--max_batch_size", str(r.max_batch)]
+        if r.batching == "continuous" and r.max_tokens_per_step > 0:
+            args += ["--max_num_tokens", str(r.max_tokens_per_step)]
         if r.tensor_parallel > 1:
             args += ["--tp_size", str(r.tensor_parallel)]
         if r.pipeline_parallel > 1:

@@ -47,7 +47,7 @@ class VllmEngine(ServedEngine):
             return (f"vLLM quantizes to fp8 on a GPU here; the recipe asks for {r.quantization} on "
                     f"{r.execution_provider} (INT8/INT4 would need a pre-quantized checkpoint)")
         if r.batching in ("static", "dynamic"):
-            return "vLLM batches continuously; its batching rung is continuous_batching (max_num_seqs)"
+            return "vLLM batches continuously; its batching rung is server_batching (max_num_seqs)"
         if r.kv_cache_dtype not in ("auto", "fp8") or (r.kv_cache_dtype == "fp8" and cpu):
             return f"vLLM stores its KV cache in fp8 on a GPU here, not {r.kv_cache_dtype} on {r.execution_provider}"
         if r.speculative not in ("none", "ngram"):
@@ -79,10 +79,7 @@ def command(cand: Candidate, python: str) -> list[str]:
             "--enable-prefix-caching" if r.prefix_caching else "--no-enable-prefix-caching"]
     if not r.cuda_graph:
         args.append("--enforce-eager")
-    if r.batching == "none":
-        args += ["--max-num-seqs", "1"]
-    elif r.batching == "continuous" and r.max_batch > 1:
-        args += ["--max-num-seqs", str(r.max_batch)]
+    args += ["--max-num-seqs", str(r.max_batch if r.batching == "continuous" else 1)]
     if r.batching == "continuous" and r.max_tokens_per_step > 0:
         args += ["--max-num-batched-tokens", str(max(r.max_tokens_per_step, r.max_batch))]
     if r.quantization == "fp8":

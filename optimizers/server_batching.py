@@ -1,0 +1,96 @@
+"""The serving engine's own continuous batch, sized to the load the sweep serves: the requests its server runs at
+once (vLLM's --max-num-seqs, llama-server's --parallel slots) set to the most requests the champion's load ladder
+had in flight, and, where given, the tokens one step carries (vLLM's --max-num-batched-tokens, its chunked
+prefill's chunk; llama-server's --batch-size and --ubatch-size).
+
+More sequences than the load ever sends hold KV cache that no request uses: llama-server allocates each slot's
+context at start-up, so fewer slots are a memory saving (aimed at memory). Fewer than the load sends queue
+requests the server could batch: more are a speed gain (aimed at speed). vLLM sizes its KV pool from a fixed
+budget whatever max_num_seqs is, so on vLLM only growing the batch can buy anything.
+"""
+from experiments.core.recipe import Candidate, Env
+from experiments.serving import engine_class, refusal
+from experiments.serving.backends.served import ServedEngine
+from optimizers.base import Optimizer
+
+PEAK = "peak"      # max_num_seqs sized to the most requests the champion's load ladder had in flight
+
+
+class ServerBatching(Optimizer):
+    name = "server_batching"
+    cost = "zero"
+
+    def __init__(self, max_num_seqs: int | str = PEAK, max_num_batched_tokens: int = 0):
+        """max_num_seqs: an int, or "peak"; max_num_batched_tokens: tokens per step (0: keep the champion's)."""
+        if max_num_seqs != PEAK and (not isinstance(max_num_seqs, int) or max_num_seqs < 1):
+            raise ValueError(f"max_num_seqs must be {PEAK!r} or an int >= 1, got {max_num_seqs!r}")
+        if max_num_batched_tokens < 0:
+            raise ValueError(f"max_num_batched_tokens must be >= 0 (0: keep the champion's), got "
+                             f"{max_num_batched_tokens}")
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.peak: int | None = None
+        self.from_batch: int | None = None     # the champion's, as `apply` found it
+        self.no_peak = "the champion has no load ladder to size the batch to"
+
+    def observe(self, champion) -> None:
+        self.peak = None
+        bench = getattr(champion, "bench", None)
+        if bench is None or not bench.levels:
+            self.no_peak = "the champion has no load ladder to size the batch to"
+        elif any(level.offered_qps for level in bench.levels):
+            # open loop: the load is a rate; the server's own count of requests running and waiting is the peak
+            seen = [lv.server_metrics.get("running_max", 0) + lv.server_metrics.get("waiting_max", 0)
+                    for lv in bench.levels if lv.server_metrics]
+            self.peak = round(max(seen)) if seen and max(seen) >= 1 else None
+            self.no_peak = "an open-loop load whose server reported no requests in flight (/metrics)"
+        else:
+            self.peak = max(level.concurrency for level in bench.levels)
+
+    def sequences(self) -> int | None:
+        return self.peak if self.max_num_seqs == PEAK else self.max_num_seqs
+
+    def check(self, env: Env, cand: Candidate) -> str | None:
+        self.decision = ""
+        r = cand.recipe
+        try:
+            served = issubclass(engine_class(cand), ServedEngine)
+        except ValueError as no_engine:
+            return str(no_engine)
+        if not served:
+            return (f"the champion runs {r.engine} in process: its batching rungs are static, dynamic and "
+                    f"continuous_batching")
+        seqs = self.sequences()
+        if seqs is None:
+            return f"max_num_seqs={PEAK}, but {self.no_peak}"
+        tokens = self.max_num_batched_tokens or r.max_tokens_per_step
+        if (seqs, tokens) == (r.max_batch, r.max_tokens_per_step):
+            return (f"the champion's {r.engine} server already runs {r.max_batch} requests at once"
+                    + (" (the load's peak)" if self.max_num_seqs == PEAK else "")
+                    + (f" and {tokens} tokens a step" if tokens else ""))
+        if seqs < r.max_batch and getattr(engine_class(cand), "fixed_kv_budget", False) and \
+                tokens == r.max_tokens_per_step:
+            return (f"{r.engine} sizes its KV pool from a fixed budget whatever max_num_seqs is: {seqs} sequences "
+                    f"instead of {r.max_batch} would only cap its batch, saving no memory")
+        self.decision = self._why(r, seqs, tokens)
+        return refusal(self.apply(cand))
+
+    def _why(self, r, seqs: int, tokens: int) -> str:
+        load = (f"the load peaks at {self.peak} requests in flight" if self.max_num_seqs == PEAK
+                else f"max_num_seqs is set to {seqs}")
+        change = f"{r.engine}'s batch {r.max_batch} -> {seqs} requests at once"
+        if tokens != r.max_tokens_per_step:
+            change += f", {r.max_tokens_per_step or 'default'} -> {tokens} tokens a step"
+        return f"{load}: {change}"
+
+    def aim_for(self, cand: Candidate) -> str:
+        # fewer sequences than the champion's, on an engine that allocates KV per sequence, can only save memory
+        shrinks = self.from_batch is not None and cand.recipe.max_batch < self.from_batch
+        return "memory" if shrinks and not getattr(engine_class(cand), "fixed_kv_budget", False) else self.aim
+
+    def apply(self, cand: Candidate) -> Candidate:
+        seqs = self.sequences()
+        if seqs is None:
+            raise ValueError(f"max_num_seqs={PEAK}, but {self.no_peak}")
+        self.from_batch = cand.recipe.max_batch
+        return cand.edited(self.name, max_batch=seqs,
+                           max_tokens_per_step=self.max_num_batched_tokens or cand.recipe.max_tokens_per_step)
