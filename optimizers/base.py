@@ -19,6 +19,9 @@ class Optimizer(ABC):
     # what the model says (engines, precision, quantization); a retrained model is judged on accuracy alone.
     fidelity_gated: bool = True
     force: bool = False      # run whatever the evidence says; like a required rung, it must still be judgeable
+    # `check` weighs evidence about the model (distillation: is it the bottleneck?): the diagnosis weighs that
+    # evidence itself rather than asking the rung
+    weighs_evidence: bool = False
     # What the gate asks of it (experiments/judge/gate.py AIMS): speed, a gain; or memory, a saving at no slowdown
     # (experiments/judge/memory_saving.py). Set by `aim:` in the rung's conf/rung file, beside `_target_`.
     aim: str = "speed"

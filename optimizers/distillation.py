@@ -115,6 +115,8 @@ class Distillation(Optimizer):
         return (NO_QUALITY_BAR, "give it a task to be judged on: accuracy.tasks=[TASK] (and accuracy.include_path=DIR "
                                 "for a folder of your own task YAMLs)")
 
+    weighs_evidence = True
+
     def observe(self, champion) -> None:
         self.evidence, bench = None, getattr(champion, "bench", None)
         if bench is None or not bench.levels:

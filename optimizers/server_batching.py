@@ -5,8 +5,9 @@ prefill's chunk; llama-server's --batch-size and --ubatch-size).
 
 More sequences than the load ever sends hold KV cache that no request uses: llama-server allocates each slot's
 context at start-up, so fewer slots are a memory saving (aimed at memory). Fewer than the load sends queue
-requests the server could batch: more are a speed gain (aimed at speed). vLLM sizes its KV pool from a fixed
-budget whatever max_num_seqs is, so on vLLM only growing the batch can buy anything.
+requests the server could batch: more are a speed gain (aimed at speed). An engine whose KV pool has a fixed
+budget whatever the batch (vLLM, SGLang, TensorRT-LLM) saves nothing with fewer sequences: there the batch only
+grows.
 """
 from experiments.core.recipe import Candidate, Env
 from experiments.serving import engine_class, refusal
@@ -14,6 +15,7 @@ from experiments.serving.backends.served import ServedEngine
 from optimizers.base import Optimizer
 
 PEAK = "peak"      # max_num_seqs sized to the most requests the champion's load ladder had in flight
+SATURATED = 0.98   # an open-loop level served below this share of its offered rate: its queue grew without bound
 
 
 class ServerBatching(Optimizer):
@@ -38,11 +40,14 @@ class ServerBatching(Optimizer):
         if bench is None or not bench.levels:
             self.no_peak = "the champion has no load ladder to size the batch to"
         elif any(level.offered_qps for level in bench.levels):
-            # open loop: the load is a rate; the server's own count of requests running and waiting is the peak
-            seen = [lv.server_metrics.get("running_max", 0) + lv.server_metrics.get("waiting_max", 0)
-                    for lv in bench.levels if lv.server_metrics]
+            # open loop: the load is a rate; the server's own count of requests in it at once is the peak, at
+            # levels it kept up with (a saturated level's queue grows with the level's length, not the load)
+            seen = [lv.server_metrics["in_flight_max"] for lv in bench.levels
+                    if lv.server_metrics and "in_flight_max" in lv.server_metrics
+                    and lv.qps >= SATURATED * lv.offered_qps]
             self.peak = round(max(seen)) if seen and max(seen) >= 1 else None
-            self.no_peak = "an open-loop load whose server reported no requests in flight (/metrics)"
+            self.no_peak = ("an open-loop load whose server reported no requests in flight (/metrics) at a level "
+                            "it kept up with")
         else:
             self.peak = max(level.concurrency for level in bench.levels)
 
@@ -59,38 +64,48 @@ class ServerBatching(Optimizer):
         if not served:
             return (f"the champion runs {r.engine} in process: its batching rungs are static, dynamic and "
                     f"continuous_batching")
-        seqs = self.sequences()
-        if seqs is None:
+        if self.sequences() is None:
             return f"max_num_seqs={PEAK}, but {self.no_peak}"
-        tokens = self.max_num_batched_tokens or r.max_tokens_per_step
+        seqs, tokens = self._sized(cand)
         if (seqs, tokens) == (r.max_batch, r.max_tokens_per_step):
+            if self.sequences() < r.max_batch:
+                return (f"{r.engine} sizes its KV pool from a fixed budget whatever the batch: "
+                        f"{self.sequences()} sequences instead of {r.max_batch} would only cap it, saving no memory")
             return (f"the champion's {r.engine} server already runs {r.max_batch} requests at once"
                     + (" (the load's peak)" if self.max_num_seqs == PEAK else "")
                     + (f" and {tokens} tokens a step" if tokens else ""))
-        if seqs < r.max_batch and getattr(engine_class(cand), "fixed_kv_budget", False) and \
-                tokens == r.max_tokens_per_step:
-            return (f"{r.engine} sizes its KV pool from a fixed budget whatever max_num_seqs is: {seqs} sequences "
-                    f"instead of {r.max_batch} would only cap its batch, saving no memory")
         self.decision = self._why(r, seqs, tokens)
         return refusal(self.apply(cand))
 
+    def _sized(self, cand: Candidate) -> tuple[int, int]:
+        """(requests at once, tokens a step) for `cand`'s server: on a fixed KV budget, never fewer requests."""
+        seqs, r = self.sequences(), cand.recipe
+        if seqs < r.max_batch and _fixed_budget(cand):
+            seqs = r.max_batch
+        return seqs, self.max_num_batched_tokens or r.max_tokens_per_step
+
     def _why(self, r, seqs: int, tokens: int) -> str:
         load = (f"the load peaks at {self.peak} requests in flight" if self.max_num_seqs == PEAK
-                else f"max_num_seqs is set to {seqs}")
-        change = f"{r.engine}'s batch {r.max_batch} -> {seqs} requests at once"
+                else f"max_num_seqs is set to {self.max_num_seqs}")
+        changes = [f"{r.engine}'s batch {r.max_batch} -> {seqs} requests at once" if seqs != r.max_batch
+                   else f"{r.engine}'s batch stays {seqs} requests at once"]
         if tokens != r.max_tokens_per_step:
-            change += f", {r.max_tokens_per_step or 'default'} -> {tokens} tokens a step"
-        return f"{load}: {change}"
+            changes.append(f"{r.max_tokens_per_step or 'default'} -> {tokens} tokens a step")
+        return f"{load}: {', '.join(changes)}"
 
     def aim_for(self, cand: Candidate) -> str:
-        # fewer sequences than the champion's, on an engine that allocates KV per sequence, can only save memory
+        # the aim follows the change: fewer sequences (only where KV is allocated per sequence) can only save
+        # memory; more, or other tokens a step, are for speed
         shrinks = self.from_batch is not None and cand.recipe.max_batch < self.from_batch
-        return "memory" if shrinks and not getattr(engine_class(cand), "fixed_kv_budget", False) else self.aim
+        return "memory" if shrinks else "speed"
 
     def apply(self, cand: Candidate) -> Candidate:
-        seqs = self.sequences()
-        if seqs is None:
+        if self.sequences() is None:
             raise ValueError(f"max_num_seqs={PEAK}, but {self.no_peak}")
+        seqs, tokens = self._sized(cand)
         self.from_batch = cand.recipe.max_batch
-        return cand.edited(self.name, max_batch=seqs,
-                           max_tokens_per_step=self.max_num_batched_tokens or cand.recipe.max_tokens_per_step)
+        return cand.edited(self.name, batching="continuous", max_batch=seqs, max_tokens_per_step=tokens)
+
+
+def _fixed_budget(cand: Candidate) -> bool:
+    return getattr(engine_class(cand), "fixed_kv_budget", False)

@@ -106,8 +106,8 @@ def test_queueing_recommends_batching_then_the_next_one_not_yet_applied_or_turne
     assert d.next_rung == "static_batching" and "dynamic_batching: rejected in this sweep" in d.next_reason
     d = diagnose(b, rules=RULES, ladder=["baseline", "onnxruntime"])     # a known rung outside this ladder
     assert d.next_rung == "dynamic_batching" and "not in this ladder: add `/rung@rungs.dynamic_batching" in d.next_reason
-    d = diagnose(b, rules=RULES, tried=dict.fromkeys(["dynamic_batching", "continuous_batching", "static_batching"],
-                                                     "rejected"))
+    d = diagnose(b, rules=RULES, tried=dict.fromkeys(["dynamic_batching", "continuous_batching", "static_batching",
+                                                      "server_batching"], "rejected"))
     assert d.next_rung == "none" and "capacity plan" in d.next_reason
     tags = d.tags()
     assert tags["roi.recommended_next_rung"] == "none" and tags["roi.diagnosis"].startswith("queueing: ")
@@ -250,23 +250,37 @@ def test_a_rung_that_does_not_apply_to_the_champion_is_not_recommended():
 
     from experiments.climb.sweep_report import _refusal, _rung_named
     from experiments.core.recipe import Candidate, Env, Target
+    from experiments.judge.gate import Verdict
+    from experiments.record.outcome import RungOutcome
     from optimizers.baseline import EagerBaseline
     from optimizers.serving_engine import ServingEngineSwap
+
+    def measured(cand, *concurrency):
+        levels = [SimpleNamespace(concurrency=c, offered_qps=None, server_metrics=None) for c in concurrency]
+        return RungOutcome(cand.rungs[-1], Verdict("accepted", ""), cand, SimpleNamespace(levels=levels))
 
     base = EagerBaseline().apply(Candidate(Target("t", "causal-lm", Path("/x"))))
     server = ServingEngineSwap("llama.cpp", max_num_seqs=8).apply(base)
     cpu = Env(cuda=False, cuda_capability=None, cpu_count=2)
-    table = {"saturation": ["dynamic_batching", "continuous_batching"]}
+    table = {"saturation": ["dynamic_batching", "continuous_batching", "server_batching"]}
     rung_named = partial(_rung_named, {})
-    as_listed = _refusal(server, cpu, rung_named)
+    as_listed = _refusal(measured(server, 1, 8), cpu, rung_named)
     rung, reason = recommend("saturation", "flat", table, server.rungs, {}, refusal=as_listed)
     assert rung == "none", reason
     assert "dynamic_batching: does not apply (the champion already uses continuous batching)" in reason
-    assert recommend("saturation", "flat", table, base.rungs, {}, refusal=_refusal(base, cpu, rung_named))[0] != "none"
+    assert "server_batching: does not apply (the champion's llama.cpp server already runs 8 requests at once " \
+           "(the load's peak))" in reason
+    # the server's own batch, where the load sends more than its slots hold: asked after seeing this champion
+    rung, reason = recommend("saturation", "flat", table, server.rungs, {},
+                             refusal=_refusal(measured(server, 1, 16), cpu, rung_named))
+    assert rung == "server_batching", reason
+    in_process = recommend("saturation", "flat", table, base.rungs, {},
+                           refusal=_refusal(measured(base, 1, 8), cpu, rung_named))[0]
+    assert in_process not in ("none", "server_batching"), in_process
     # the rung as this sweep's ladder configures it, not conf/rung's: a setting it cannot be built with rules
     # nothing out (a recommendation, not a verdict)
     from omegaconf import OmegaConf
     odd = {"dynamic_batching": OmegaConf.create({"_target_": "optimizers.batching.Batching", "kind": "dynamic",
                                                  "max_batch": 0})}
-    as_odd = _refusal(server, cpu, partial(_rung_named, odd))
+    as_odd = _refusal(measured(server, 1, 8), cpu, partial(_rung_named, odd))
     assert recommend("saturation", "flat", table, server.rungs, {}, refusal=as_odd)[0] == "dynamic_batching"

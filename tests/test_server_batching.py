@@ -24,10 +24,16 @@ def served(engine: str, seqs: int) -> Candidate:
     return ServingEngineSwap(engine, max_num_seqs=seqs).apply(base)
 
 
-def champion(*concurrency: int, metrics: dict | None = None, open_loop: bool = False):
-    levels = [SimpleNamespace(concurrency=c, offered_qps=float(c) if open_loop else None, server_metrics=metrics)
-              for c in concurrency]
+def champion(*concurrency: int):
+    levels = [SimpleNamespace(concurrency=c, offered_qps=None, server_metrics=None) for c in concurrency]
     return SimpleNamespace(bench=SimpleNamespace(levels=levels))
+
+
+def open_loop(*levels: tuple[float, float, dict | None]):
+    """(offered rate, achieved rate, the server's /metrics summary) per level."""
+    return SimpleNamespace(bench=SimpleNamespace(levels=[
+        SimpleNamespace(concurrency=round(rate), offered_qps=rate, qps=got, server_metrics=metrics)
+        for rate, got, metrics in levels]))
 
 
 def flags(args: list[str]) -> dict:
@@ -60,12 +66,12 @@ def test_vllm_grows_its_batch_to_the_load_and_never_shrinks_it_for_nothing():
     reason, cand = sized(rung, vllm, champion(1, 8, 32))
     assert reason is None and rung.aim_for(cand) == "speed"
     assert flags(vllm_command(cand, "py"))["--max-num-seqs"] == "32"
-    # tokens a step (vLLM's chunked prefill's chunk) is a change worth measuring even at fewer sequences
+    # tokens a step (vLLM's chunked prefill's chunk) is a change worth measuring; the batch still never shrinks
     rung = ServerBatching(max_num_batched_tokens=256)
     reason, cand = sized(rung, vllm, champion(1, 4))
-    assert reason is None and rung.aim_for(cand) == "speed"
+    assert reason is None and rung.aim_for(cand) == "speed" and cand.recipe.max_batch == 16
     assert flags(vllm_command(cand, "py"))["--max-num-batched-tokens"] == "256"
-    assert "16 -> 4 requests at once, default -> 256 tokens a step" in rung.decision
+    assert "vllm's batch stays 16 requests at once, default -> 256 tokens a step" in rung.decision
 
 
 def test_tokens_a_step_become_llama_servers_batch_sizes():
@@ -88,13 +94,28 @@ def test_what_it_does_not_apply_to_is_skipped_with_the_reason():
         rung.apply(served("llama.cpp", 8))
 
 
-def test_an_open_loop_peak_is_what_the_server_held_at_once():
+def test_an_open_loop_peak_is_what_the_server_held_at_once_at_levels_it_kept_up_with():
     rung = ServerBatching()
-    reason, cand = sized(rung, served("llama.cpp", 8),
-                         champion(2, 5, open_loop=True, metrics={"running_max": 2.0, "waiting_max": 1.0}))
+    # the most in flight at once over the levels served at their rate; the saturated level's queue is left out
+    load = open_loop((2.0, 2.0, {"in_flight_max": 2.0, "running_max": 2.0, "waiting_max": 1.0}),
+                     (4.0, 3.95, {"in_flight_max": 3.0, "running_max": 3.0, "waiting_max": 2.0}),
+                     (8.0, 5.0, {"in_flight_max": 40.0}))
+    reason, cand = sized(rung, served("llama.cpp", 8), load)
     assert reason is None and cand.recipe.max_batch == 3
-    reason, _ = sized(rung, served("llama.cpp", 8), champion(2, open_loop=True, metrics=None))
-    assert "open-loop load whose server reported no requests in flight" in reason
+    reason, _ = sized(rung, served("llama.cpp", 8), open_loop((2.0, 2.0, None), (8.0, 5.0, {"in_flight_max": 40.0})))
+    assert "open-loop load whose server reported no requests in flight (/metrics) at a level it kept up" in reason
+
+
+def test_what_the_sweep_decided_reaches_the_rungs_own_process():
+    """observe and check run in the sweep's process; apply and aim_for in the rung's child, on a copy."""
+    import pickle
+
+    rung, llama = ServerBatching(), served("llama.cpp", 8)
+    rung.observe(champion(1, 4))
+    assert rung.check(CPU, llama) is None
+    copy = pickle.loads(pickle.dumps(rung))
+    cand = copy.apply(llama)
+    assert cand.recipe.max_batch == 4 and copy.aim_for(cand) == "memory" and copy.decision == rung.decision
 
 
 @pytest.mark.parametrize("bad, says", [({"max_num_seqs": "lots"}, "max_num_seqs must be 'peak' or an int"),
@@ -107,6 +128,13 @@ def test_a_wrong_setting_is_refused_before_any_work(bad, says):
     assert rung_from("server_batching", OmegaConf.load("conf/rung/server_batching.yaml")).max_num_seqs == "peak"
 
 
+def test_a_fixed_kv_budget_is_never_shrunk_on_the_gpu_servers_either():
+    base = Candidate(Target("m", "causal-lm", Path("/models/m")), Recipe(execution_provider="cuda", precision="bf16"))
+    for engine in ("sglang", "tensorrt-llm"):
+        reason, _ = sized(ServerBatching(), ServingEngineSwap(engine, max_num_seqs=16).apply(base), champion(1, 4))
+        assert "fixed budget" in reason, engine
+
+
 @pytest.mark.parametrize("engine, seqs_flag, tokens_flag",
                          [("sglang", "--max-running-requests", "--chunked-prefill-size"),
                           ("tensorrt-llm", "--max_batch_size", "--max_num_tokens")])
@@ -117,6 +145,9 @@ def test_the_gpu_servers_get_the_batch_as_their_own_flags(engine, seqs_flag, tok
     base = Candidate(Target("m", "causal-lm", Path("/models/m")), Recipe(execution_provider="cuda", precision="bf16"))
     cand = ServerBatching(max_num_seqs=32, max_num_batched_tokens=1024).apply(
         ServingEngineSwap(engine, max_num_seqs=16).apply(base))
+    one = ServingEngineSwap(engine, max_num_seqs=1).apply(base)
     made = SimpleNamespace(ensure=lambda home: Path("/env/bin/python"))   # its environment, as if made
     args, _ = engine_class(cand).server_command(SimpleNamespace(environment=lambda: made), cand, 1)
     assert flags(args)[seqs_flag] == "32" and flags(args)[tokens_flag] == "1024"
+    args, _ = engine_class(one).server_command(SimpleNamespace(environment=lambda: made), one, 1)
+    assert flags(args)[seqs_flag] == "1"       # a batch of one reaches the server, not its default

@@ -232,6 +232,7 @@ def test_a_servers_metrics_are_read_and_summarized_per_level(monkeypatch):
     summary = server_metrics.summarize(samples + [{"running": 1.0}])
     assert summary["running_mean"] == pytest.approx(7 / 3) and summary["running_max"] == 3.0
     assert summary["kv_cache_usage_max"] == 0.25 and summary["preemptions"] == 3.0
+    assert summary["in_flight_max"] == 4.0        # running + waiting in one scrape
 
 
 def test_the_sampler_counts_the_servers_processes_not_this_one(tmp_path):

@@ -46,7 +46,7 @@ def diagnose_sweep(outcomes: list[RungOutcome], champion: RungOutcome | None, sw
                 client.log_metric(o.run_id, "roofline/decode_floor_ms_c1", o.decode_floor_ms)
             found[o.name] = diagnose.diagnose(o.bench, _place_on_roofline(o.candidate, cfg.target.workload,
                                               hardware), rules, o.candidate.rungs, tried, names,
-                                              _refusal(o.candidate, sweep.env, rung_named))
+                                              _refusal(o, sweep.env, rung_named))
             diagnose.log_to_run(client, o.run_id, found[o.name])
         except Exception as exc:  # noqa: BLE001  (a diagnosis that breaks is recorded, the sweep goes on)
             log.exception("diagnosing %s failed", o.name)
@@ -75,16 +75,18 @@ def _rung_named(ladder_rungs, name: str) -> Optimizer | None:
         return None
 
 
-def _refusal(cand: Candidate, env, rung_named):
-    """rung -> why it does not apply to `cand`, as the rung's own check says (a llama.cpp server batches in its own
-    slots), or None. A rung that decides from evidence (distillation: is the model the bottleneck?) is left to the
+def _refusal(outcome: RungOutcome, env, rung_named):
+    """rung -> why it does not apply to the outcome's candidate, as the rung's own check says after seeing that
+    outcome as its champion (a llama.cpp server batches in its own slots; its slots already hold the load's peak),
+    or None. A rung that weighs evidence about the model (distillation: is it the bottleneck?) is left to the
     diagnosis, which weighs that evidence; one that cannot tell is not ruled out."""
     def why(name: str) -> str | None:
         opt = rung_named(name)
-        if opt is None or type(opt).observe is not Optimizer.observe:
+        if opt is None or opt.weighs_evidence:
             return None
         try:
-            return opt.check(env, cand)
+            opt.observe(outcome)
+            return opt.check(env, outcome.candidate)
         except Exception:  # noqa: BLE001  (a recommendation, not a verdict)
             return None
     return why

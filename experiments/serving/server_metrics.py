@@ -47,6 +47,10 @@ def summarize(samples: list[dict[str, float]]) -> dict[str, float]:
         values = [s[key] for s in samples if key in s]
         if values:
             out[f"{key}_mean"], out[f"{key}_max"] = sum(values) / len(values), max(values)
+    # requests in the server at one moment (running + waiting in the same scrape), not the two peaks added
+    in_flight = [s["running"] + s.get("waiting", 0.0) for s in samples if "running" in s]
+    if in_flight:
+        out["in_flight_max"] = max(in_flight)
     counts = [s["preemptions"] for s in samples if "preemptions" in s]
     if counts:
         out["preemptions"] = counts[-1] - counts[0]

@@ -20,6 +20,7 @@ SGLANG = MetricNames("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang
 class SglangEngine(ServedEngine):
     name = "sglang"
     metric_names = SGLANG
+    fixed_kv_budget = True       # its KV pool is a share of GPU memory (mem_fraction_static)
 
     @classmethod
     def refuses(cls, cand: Candidate) -> str | None:
@@ -35,7 +36,7 @@ class SglangEngine(ServedEngine):
         args = [str(python), "-m", "sglang.launch_server", "--model-path", str(cand.target.model_dir),
                 "--served-model-name", cand.target.name, "--host", "127.0.0.1", "--port", "{port}",
                 "--dtype", DTYPES[r.precision], "--enable-metrics"]
-        if r.batching == "continuous" and r.max_batch > 1:
+        if r.batching == "continuous":
             args += ["--max-running-requests", str(r.max_batch)]
         if r.batching == "continuous" and r.max_tokens_per_step > 0:
             args += ["--chunked-prefill-size", str(r.max_tokens_per_step)]   # prefill tokens one step carries

@@ -17,6 +17,7 @@ ENVIRONMENT = EngineEnvironment("tensorrt-llm", "1.2.1", "cuda", ("tensorrt-llm=
 class TensorRtLlmEngine(ServedEngine):
     name = "tensorrt-llm"
     startup_timeout_s = 1800.0        # it builds its TensorRT engine at start-up
+    fixed_kv_budget = True            # its KV pool is a share of free GPU memory (kv_cache_free_gpu_memory_fraction)
 
     @classmethod
     def refuses(cls, cand: Candidate) -> str | None:
@@ -31,7 +32,7 @@ class TensorRtLlmEngine(ServedEngine):
         r = cand.recipe
         args = [str(python.parent / "trtllm-serve"), str(cand.target.model_dir), "--host", "127.0.0.1",
                 "--port", "{port}", "--backend", "pytorch", "--served_model_name", cand.target.name]
-        if r.batching == "continuous" and r.max_batch > 1:
+        if r.batching == "continuous":
             args += ["--max_batch_size", str(r.max_batch)]
         if r.batching == "continuous" and r.max_tokens_per_step > 0:
             args += ["--max_num_tokens", str(r.max_tokens_per_step)]
