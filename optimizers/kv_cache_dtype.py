@@ -1,7 +1,7 @@
 """KV-cache type: the serving engine stores its KV cache in fewer bits (llama.cpp q8_0 on CPU; vLLM fp8 on a GPU),
 so more sequences fit and each decode step reads less. The model's weights are unchanged."""
 from experiments.core.recipe import Candidate, Env
-from experiments.serving import engine_class, refusal
+from experiments.serving import fixed_kv_budget, refusal
 from optimizers.base import Optimizer
 
 TYPES = ("int8", "fp8")
@@ -24,7 +24,7 @@ class KvCacheDtype(Optimizer):
     def aim_for(self, cand: Candidate) -> str:
         # an engine whose KV pool has a fixed budget (vLLM) saves no memory with fewer bits: it fits more
         # sequences, which only speed under load can show
-        return "speed" if getattr(engine_class(cand), "fixed_kv_budget", False) else self.aim
+        return "speed" if fixed_kv_budget(cand) else self.aim
 
     def apply(self, cand: Candidate) -> Candidate:
         dtype = self.cuda_dtype if cand.recipe.execution_provider == "cuda" else self.cpu_dtype

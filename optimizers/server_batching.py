@@ -10,7 +10,7 @@ budget whatever the batch (vLLM, SGLang, TensorRT-LLM) saves nothing with fewer 
 grows.
 """
 from experiments.core.recipe import Candidate, Env
-from experiments.serving import engine_class, refusal
+from experiments.serving import engine_class, fixed_kv_budget, refusal
 from experiments.serving.backends.served import ServedEngine
 from optimizers.base import Optimizer
 
@@ -80,7 +80,7 @@ class ServerBatching(Optimizer):
     def _sized(self, cand: Candidate) -> tuple[int, int]:
         """(requests at once, tokens a step) for `cand`'s server: on a fixed KV budget, never fewer requests."""
         seqs, r = self.sequences(), cand.recipe
-        if seqs < r.max_batch and _fixed_budget(cand):
+        if seqs < r.max_batch and fixed_kv_budget(cand):
             seqs = r.max_batch
         return seqs, self.max_num_batched_tokens or r.max_tokens_per_step
 
@@ -105,7 +105,3 @@ class ServerBatching(Optimizer):
         seqs, tokens = self._sized(cand)
         self.from_batch = cand.recipe.max_batch
         return cand.edited(self.name, batching="continuous", max_batch=seqs, max_tokens_per_step=tokens)
-
-
-def _fixed_budget(cand: Candidate) -> bool:
-    return getattr(engine_class(cand), "fixed_kv_budget", False)

@@ -38,6 +38,12 @@ def refusal(cand: Candidate) -> str | None:
     return cls.refuses(cand)
 
 
+def fixed_kv_budget(cand: Candidate) -> bool:
+    """Whether the candidate's engine sizes its KV pool from a fixed budget whatever the batch or KV type
+    (ServedEngine.fixed_kv_budget): fewer sequences or bits buy room, not memory."""
+    return getattr(engine_class(cand), "fixed_kv_budget", False)
+
+
 def served_only(recipe) -> str | None:
     """What only a serving engine's own server does here: KV-cache types, speculative decoding, parallelism."""
     r, where = recipe, f"the champion runs {recipe.engine}, in process"
