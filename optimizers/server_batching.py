@@ -10,12 +10,12 @@ budget whatever the batch (vLLM, SGLang, TensorRT-LLM) saves nothing with fewer 
 grows.
 """
 from experiments.core.recipe import Candidate, Env
+from experiments.core.reports import peak_in_flight
 from experiments.serving import engine_class, fixed_kv_budget, refusal
 from experiments.serving.backends.served import ServedEngine
 from optimizers.base import Optimizer
 
 PEAK = "peak"      # max_num_seqs sized to the most requests the champion's load ladder had in flight
-SATURATED = 0.98   # an open-loop level served below this share of its offered rate: its queue grew without bound
 
 
 class ServerBatching(Optimizer):
@@ -35,21 +35,9 @@ class ServerBatching(Optimizer):
         self.no_peak = "the champion has no load ladder to size the batch to"
 
     def observe(self, champion) -> None:
-        self.peak = None
         bench = getattr(champion, "bench", None)
-        if bench is None or not bench.levels:
-            self.no_peak = "the champion has no load ladder to size the batch to"
-        elif any(level.offered_qps for level in bench.levels):
-            # open loop: the load is a rate; the server's own count of requests in it at once is the peak, at
-            # levels it kept up with (a saturated level's queue grows with the level's length, not the load)
-            seen = [lv.server_metrics["in_flight_max"] for lv in bench.levels
-                    if lv.server_metrics and "in_flight_max" in lv.server_metrics
-                    and lv.qps >= SATURATED * lv.offered_qps]
-            self.peak = round(max(seen)) if seen and max(seen) >= 1 else None
-            self.no_peak = ("an open-loop load whose server reported no requests in flight (/metrics) at a level "
-                            "it kept up with")
-        else:
-            self.peak = max(level.concurrency for level in bench.levels)
+        self.peak, why = peak_in_flight(bench) if bench is not None else (None, "no load ladder was measured")
+        self.no_peak = f"the champion's load gives no peak to size the batch to ({why})"
 
     def sequences(self) -> int | None:
         return self.peak if self.max_num_seqs == PEAK else self.max_num_seqs

@@ -1,7 +1,17 @@
 """Engine swap to a serving engine (vLLM, llama.cpp's llama-server): the server people deploy, started for the
-candidate, with its own continuous batching, at the champion's precision."""
+candidate, with its own continuous batching, at the champion's precision.
+
+It enters at a setting sized to the load the sweep serves, not one picked blindly (issue 41: llama.cpp entering
+with 8 slots served a load of 4 at 89 tokens/s where 4 slots served 122, and the ladder discarded it for that):
+an engine that allocates each sequence's KV cache at start-up (llama.cpp's slots) gets as many as the load has
+in flight at its peak; one whose KV pool is a fixed budget whatever the batch (vLLM, SGLang, TensorRT-LLM) keeps
+`max_num_seqs` unless the load exceeds it. Without a measured load (the baseline's bench), `max_num_seqs`.
+"""
+from dataclasses import replace
+
 from experiments.core.recipe import Candidate, Env
-from experiments.serving import refusal
+from experiments.core.reports import peak_in_flight
+from experiments.serving import fixed_kv_budget, refusal
 from optimizers.base import Optimizer
 
 SERVING_ENGINES = ("vllm", "llama.cpp", "sglang", "tensorrt-llm")
@@ -11,10 +21,11 @@ class ServingEngineSwap(Optimizer):
     cost = "zero"
 
     def __init__(self, engine: str, max_num_seqs: int = 16, max_num_batched_tokens: int = 0,
-                 tensor_parallel: int = 1, pipeline_parallel: int = 1):
-        """max_num_seqs: requests the server runs at once (its continuous batch); max_num_batched_tokens:
-        prefill + decode tokens per step (0: the engine's default); tensor_parallel x pipeline_parallel: the
-        devices one replica spans (the capacity plan counts them)."""
+                 tensor_parallel: int = 1, pipeline_parallel: int = 1, size_to_load: bool = True):
+        """max_num_seqs: requests the server runs at once (its continuous batch) where the load does not size it;
+        max_num_batched_tokens: prefill + decode tokens per step (0: the engine's default); tensor_parallel x
+        pipeline_parallel: the devices one replica spans (the capacity plan counts them); size_to_load: size the
+        batch to the champion's measured load (see the module's docstring)."""
         if tensor_parallel < 1 or pipeline_parallel < 1:
             raise ValueError(f"tensor_parallel and pipeline_parallel must be >= 1 (got {tensor_parallel}, "
                              f"{pipeline_parallel})")
@@ -27,6 +38,13 @@ class ServingEngineSwap(Optimizer):
         self.engine = engine
         self.name = engine.replace(".", "_").replace("-", "_")   # llama.cpp -> llama_cpp: a rung's name is a key
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.size_to_load = size_to_load
+        self.peak: int | None = None        # the champion's load at its peak, as `observe` found it
+        self.peak_from = "no load was measured"
+
+    def observe(self, champion) -> None:
+        bench = getattr(champion, "bench", None)
+        self.peak, self.peak_from = peak_in_flight(bench) if bench is not None else (None, "no load was measured")
 
     def machine_check(self, env: Env) -> str | None:
         # tensor parallelism needs its devices on this node; pipeline stages may live on others (Ray)
@@ -41,13 +59,43 @@ class ServingEngineSwap(Optimizer):
         recipe = cand.recipe
         if recipe.engine == self.engine:
             return f"the champion already runs in {self.engine}"
-        return refusal(self.apply(cand))
+        served = self.apply(cand)
+        if reason := refusal(served):
+            return reason
+        self.decision = self._why(served)
+        return None
+
+    def sequences(self, served: Candidate) -> int:
+        """The batch `served` (this rung's candidate, before sizing) enters with."""
+        if not self.size_to_load or self.peak is None:
+            return self.max_num_seqs
+        return max(self.max_num_seqs, self.peak) if _fixed_budget(served) else self.peak
+
+    def _why(self, served: Candidate) -> str:
+        seqs = served.recipe.max_batch
+        if not self.size_to_load:
+            return f"{self.engine} enters with {seqs} requests at once (size_to_load=false)"
+        if self.peak is None:
+            return f"{self.engine} enters with {seqs} requests at once: {self.peak_from} to size it to"
+        load = f"the load peaks at {self.peak} requests in flight ({self.peak_from})"
+        if _fixed_budget(served):
+            kept = "keeps its" if seqs == self.max_num_seqs else "grows its"
+            return f"{load}: {self.engine}, whose KV pool is a fixed budget, {kept} batch of {seqs}"
+        return f"{load}: {self.engine} enters with {seqs} slots, each with its own KV cache"
 
     def apply(self, cand: Candidate) -> Candidate:
         # torch-only settings do not carry over; the server schedules its own continuous batch. Precision and
         # quantization do: llama.cpp makes Q8_0 / Q4_K_M from the target's weights for an int8 / int4 champion,
         # an engine that cannot quantize so says why.
-        return cand.edited(self.name, engine=self.engine, compile="none", cuda_graph=False, batching="continuous",
-                           max_batch=self.max_num_seqs, max_tokens_per_step=self.max_num_batched_tokens,
-                           prefix_caching=False, tensor_parallel=self.tensor_parallel,
-                           pipeline_parallel=self.pipeline_parallel)
+        served = cand.edited(self.name, engine=self.engine, compile="none", cuda_graph=False, batching="continuous",
+                             max_batch=self.max_num_seqs, max_tokens_per_step=self.max_num_batched_tokens,
+                             prefix_caching=False, tensor_parallel=self.tensor_parallel,
+                             pipeline_parallel=self.pipeline_parallel)
+        return replace(served, recipe=replace(served.recipe, max_batch=self.sequences(served)))
+
+
+def _fixed_budget(served: Candidate) -> bool:
+    try:
+        return fixed_kv_budget(served)
+    except ValueError:      # no such engine for the target's kind: refusal() says so
+        return False

@@ -394,6 +394,27 @@ def test_bench_cli_logs_an_endpoint_run(endpoint, model_dir, monkeypatch, capsys
     assert "benchmark/samples.csv" in [a.path for a in client.list_artifacts(run.info.run_id, "benchmark")]
 
 
+@pytest.mark.parametrize("own_prompts", [True, False])
+def test_bench_takes_a_folder_target_with_or_without_a_prompts_file(endpoint, model_dir, tokenizer, monkeypatch,
+                                                                   capsys, tmp_path, own_prompts):
+    """A user's folder (target=folder) benched with their own prompts file reaches the endpoint with exactly those
+    prompts; without one (prompts: null) with synthetic requests (it read int(None) before)."""
+    url, recording = endpoint
+    lines = [f"def user_function_{i}(x):" for i in range(6)]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t, "max_tokens": 4}) + "\n" for t in lines))
+    before = len(recording.records)
+    code = cli(monkeypatch, "bench", "--endpoint", url, f"data_dir={tmp_path}", "target=folder",
+               f"target.source={model_dir}", "benchmark.concurrency=[1]", "benchmark.warmup_requests=1",
+               "benchmark.min_requests=4", "benchmark.min_duration_s=0", "target.workload.output_tokens=[4]",
+               *([f"target.workload.prompts={prompts}"] if own_prompts else ["target.workload.requests=8"]))
+    out, err = capsys.readouterr()
+    assert code == 0 and "endpoint-bench" in out, err
+    sent = {tuple(r.prompt.token_ids) for r in recording.records[before:]}
+    from_file = {tuple(tokenizer(t)["input_ids"]) for t in lines}
+    assert sent and (sent <= from_file if own_prompts else not sent & from_file)
+
+
 def test_serve_builds_the_named_rungs_on_the_baseline(tmp_path):
     from experiments.climb.endpoint import candidate
 

@@ -151,3 +151,50 @@ def test_the_gpu_servers_get_the_batch_as_their_own_flags(engine, seqs_flag, tok
     assert flags(args)[seqs_flag] == "32" and flags(args)[tokens_flag] == "1024"
     args, _ = engine_class(one).server_command(SimpleNamespace(environment=lambda: made), one, 1)
     assert flags(args)[seqs_flag] == "1"       # a batch of one reaches the server, not its default
+
+
+# --- the engine swaps enter at a batch sized to the load (issue 41) ----------------------------------------------
+def swapped(engine: str, seen, **settings) -> tuple[ServingEngineSwap, str | None, Candidate]:
+    swap = ServingEngineSwap(engine, **settings)
+    base = Candidate(Target("m", "causal-lm", Path("/models/m")), Recipe(engine="onnxruntime"), ("baseline",))
+    swap.observe(seen)
+    return swap, swap.check(CPU, base), swap.apply(base)
+
+
+def test_llama_cpp_enters_with_as_many_slots_as_the_load_has_in_flight():
+    # at a load of 4, 8 slots served 89 tokens/s where 4 served 122: the swap is judged at the load's size
+    swap, reason, cand = swapped("llama.cpp", champion(1, 4), max_num_seqs=8)
+    assert reason is None and cand.recipe.max_batch == 4
+    assert swap.decision == ("the load peaks at 4 requests in flight (the load ladder's top concurrency): llama.cpp "
+                             "enters with 4 slots, each with its own KV cache")
+    args = llama_command(cand, Path("llama-server"), Path("m.gguf"), 2, 8192)
+    assert args[args.index("--parallel") + 1] == "4"
+    assert swapped("llama.cpp", champion(1, 4, 16), max_num_seqs=4)[2].recipe.max_batch == 16
+    # the batch sized where the swap's candidate is made, also in the rung's own process (a pickled copy)
+    import pickle
+    assert pickle.loads(pickle.dumps(swap)).apply(
+        Candidate(Target("m", "causal-lm", Path("/models/m")), Recipe(), ("baseline",))).recipe.max_batch == 4
+
+
+def test_vllm_keeps_its_batch_unless_the_load_exceeds_it():
+    swap, reason, cand = swapped("vllm", champion(1, 4), max_num_seqs=16)
+    assert reason is None and cand.recipe.max_batch == 16       # a fixed KV budget: fewer would save nothing
+    assert "whose KV pool is a fixed budget, keeps its batch of 16" in swap.decision
+    swap, _, cand = swapped("vllm", champion(1, 32), max_num_seqs=16)
+    assert cand.recipe.max_batch == 32 and "grows its batch of 32" in swap.decision
+
+
+def test_a_swap_without_a_measured_load_or_told_not_to_size_keeps_its_setting():
+    swap, reason, cand = swapped("llama.cpp", None, max_num_seqs=4)
+    assert reason is None and cand.recipe.max_batch == 4 and "no load was measured" in swap.decision
+    swap, _, cand = swapped("llama.cpp", champion(1, 16), max_num_seqs=4, size_to_load=False)
+    assert cand.recipe.max_batch == 4 and "size_to_load=false" in swap.decision
+
+
+def test_the_ladders_llama_cpp_and_vllm_rungs_size_to_the_load():
+    from conftest import compose
+
+    cfg = compose(["ladder=serving"])
+    for name in ("llama_cpp", "vllm"):
+        assert rung_from(name, cfg.ladder.rungs[name]).size_to_load
+    assert rung_from("llama_cpp", cfg.ladder.rungs.llama_cpp).max_num_seqs == 4     # llama-server's own default

@@ -342,3 +342,38 @@ def test_parallel_sizes_reach_vllm_and_the_capacity_plan_counts_devices():
     one, four_devices = plan(bench, cfg), plan(bench, cfg, devices_per_replica=4)
     assert four_devices.replicas == one.replicas and four_devices.devices == 4 * one.replicas
     assert four_devices.cost_per_hour == pytest.approx(4 * one.cost_per_hour)
+
+
+def test_a_folder_with_tokens_beyond_its_embedding_is_refused_by_llama_cpp_naming_them(tmp_path):
+    """transformers' GGUF loader writes tokenizers listing added tokens past the embedding; llama.cpp's converter
+    asserts on them, and the rung failed as 'EngineUnavailable: AssertionError'. Now the swap says why, before any
+    build or conversion."""
+    import json
+
+    from experiments.serving.backends.llama_cpp.build import tokens_beyond_embedding
+
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 4, "architectures": ["LlamaForCausalLM"]}))
+    tokenizer = {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "c": 2, "<s>": 3}},
+                 "added_tokens": [{"id": 3, "content": "<s>"}, {"id": 4, "content": "<extra_0>"},
+                                  {"id": 5, "content": "<extra_1>"}]}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    assert tokens_beyond_embedding(tmp_path) == [(4, "<extra_0>"), (5, "<extra_1>")]
+    cand = Candidate(Target("m", "causal-lm", tmp_path), Recipe(engine="onnxruntime"), ("baseline",))
+    reason = ServingEngineSwap("llama.cpp").check(CPU, cand)
+    assert "2 token(s) beyond the model's embedding (ids >= vocab_size 4: 4 '<extra_0>', 5 '<extra_1>')" in reason
+    assert "convert_hf_to_gguf.py refuses" in reason
+    tokenizer["added_tokens"] = tokenizer["added_tokens"][:1]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    assert tokens_beyond_embedding(tmp_path) == [] and ServingEngineSwap("llama.cpp").check(CPU, cand) is None
+
+
+def test_a_failures_one_line_reason_keeps_what_failed_and_the_cause_not_only_a_class():
+    from experiments.core.errors import exception_line
+
+    build = EngineUnavailable("could not make the q8_0 GGUF of m: llama.cpp's convert_hf_to_gguf.py refused /m; the "
+                              "last lines of /log:\n  File \"convert_hf_to_gguf.py\", line 9\n  AssertionError")
+    line = exception_line(build)
+    assert line.startswith("EngineUnavailable: could not make the q8_0 GGUF of m: llama.cpp's convert_hf_to_gguf.py "
+                           "refused /m") and line.endswith(" … AssertionError")
+    assert exception_line(ValueError("one line")) == "ValueError: one line"
+    assert exception_line(AssertionError()) == "AssertionError"

@@ -2,6 +2,7 @@
 `roi-ladder bench --endpoint`: the target's workload and load ladder against any such endpoint, logged to MLflow."""
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +24,9 @@ from experiments.serving.http_client import EndpointServer, check_url
 from experiments.serving.http_server import bind, create_app, exposure_warning, run_forever, url_of
 from experiments.serving.servers import serve
 from experiments.targets.kinds import kind_of
+from experiments.targets.kinds.causal_lm import causal_workload
 from experiments.targets.resolve import built_model_dir, kind_unbuilt, resolve, texts_unbuilt
-from experiments.targets.workload import Workload
+from experiments.targets.models.hf_folder import context_length
 from optimizers.placement import placed
 
 # Sampled in this process, which for an endpoint run is the load generator, not the server.
@@ -145,6 +147,13 @@ def endpoint_tokenizer(cfg_target, cache_dir: Path, given: Path | None) -> tuple
                       "target=folder target.source=DIR")
 
 
+def _context_of(folder: Path) -> int | None:
+    """The served model's context window where the tokenizer's folder has its config.json (prompts are checked
+    against it), else None."""
+    config = folder / "config.json"
+    return context_length(json.loads(config.read_text())) if config.is_file() else None
+
+
 def _completions_only(name: str, kind: str) -> None:
     if not kind_of(kind).decodes:
         raise ConfigError(f"target {name!r} is an encoder ({kind}); the HTTP transport speaks "
@@ -166,8 +175,8 @@ def bench_endpoint(cfg: DictConfig, url: str, model: str | None, prompt_format: 
         console.note(f"tokenizer: {folder} ({which})")
         tokenizer = AutoTokenizer.from_pretrained(folder)
         wl = cfg.target.workload
-        workload = Workload.from_texts(texts_unbuilt(cfg.target), tokenizer, wl.input_tokens, wl.output_tokens,
-                                       int(wl.prompts), max(8, cfg.benchmark.warmup_requests), cfg.seed)
+        workload = causal_workload(wl, tokenizer, texts_unbuilt(cfg.target), _context_of(folder),
+                                   max(8, cfg.benchmark.warmup_requests), cfg.seed)
     server = EndpointServer(url, model, prompt_format, tokenizer, timeout_s=float(cfg.benchmark.request_timeout_s))
     try:
         experiment_id = tracking.connect(cfg.tracking)

@@ -15,6 +15,11 @@ class SweepInterrupted(Exception):
 
 
 def exception_line(exc: BaseException) -> str:
-    """`Type: the message's last line`: a failure's own words, without a traceback's frames or carets."""
+    """`Type: the message's first line … its last line`: a failure's own words, without a traceback's frames or
+    carets. The first line says what failed (a build step: what it was making and which command refused), the last
+    the cause a tool printed at the end of its log; either alone can be a bare class name ("AssertionError")."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[-1][:400]}" if lines else type(exc).__name__
+    if not lines:
+        return type(exc).__name__
+    first, last = lines[0][:400], lines[-1][:400]
+    return f"{type(exc).__name__}: {first}" + (f" … {last}" if len(lines) > 1 and last not in first else "")

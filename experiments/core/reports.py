@@ -13,6 +13,9 @@ from experiments.core.slo import request_meets
 from experiments.core.stats import MIN_SAMPLES_FOR_P99, LatencyStats
 
 
+SATURATED = 0.98   # an open-loop level served below this share of its offered rate: its queue grew without bound
+
+
 @dataclass(frozen=True)
 class ResourceSeries:
     """The samples of one level, in time order, every `interval_s`: what the diagnosis reads curve shapes from.
@@ -135,3 +138,20 @@ class BenchmarkReport:
 
     def validity(self) -> dict[str, bool]:
         return {f"c{lv.concurrency}_{flag}": value for lv in self.levels for flag, value in lv.validity().items()}
+
+
+def peak_in_flight(bench) -> tuple[int | None, str]:
+    """(the most requests `bench`'s load had in flight at once, how it is known; None where it is not): a closed
+    loop's top concurrency; an open loop's largest count of requests in the server (running + waiting in one
+    /metrics scrape) at the levels it kept up with (a saturated level's queue grows with the level's length,
+    not the load)."""
+    if not bench.levels:
+        return None, "no load ladder was measured"
+    if not any(lv.offered_qps for lv in bench.levels):
+        return max(lv.concurrency for lv in bench.levels), "the load ladder's top concurrency"
+    seen = [lv.server_metrics["in_flight_max"] for lv in bench.levels
+            if lv.server_metrics and "in_flight_max" in lv.server_metrics and lv.qps >= SATURATED * lv.offered_qps]
+    if seen and max(seen) >= 1:
+        return round(max(seen)), "the most requests the server held at once (/metrics) at a rate it kept up with"
+    return None, ("an open-loop load whose server reported no requests in flight (/metrics) at a level it kept "
+                  "up with")

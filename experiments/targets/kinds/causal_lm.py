@@ -139,16 +139,8 @@ class CausalLMScorer:
         self.reference = None   # Reference: the baseline's, once measured
 
     def workload(self) -> Workload:
-        wl, cfg = self.cfg.target.workload, self.cfg
-        warmup = max(8, cfg.benchmark.warmup_requests)
-        if isinstance(wl.get("prompts"), str):   # the user's own requests
-            requests = prompts_file.read(Path(wl.prompts), self.tokenizer, wl.output_tokens, self.context_length,
-                                         cfg.seed)
-            return prompts_file.workload(requests, warmup, cfg.seed)
-        check_window(wl, self.context_length)
-        count = int(wl.get("requests", wl.get("prompts")))
-        return Workload.from_texts(self.texts, self.tokenizer, wl.input_tokens, wl.output_tokens, count,
-                                   warmup, cfg.seed, wl.shared_prefix_tokens)
+        return causal_workload(self.cfg.target.workload, self.tokenizer, self.texts, self.context_length,
+                               max(8, self.cfg.benchmark.warmup_requests), self.cfg.seed)
 
     def score(self, engine, stage, name: str) -> tuple[list, Drift]:
         """(lm-eval's AccuracyReports, the Drift from the baseline)."""
@@ -196,6 +188,21 @@ class CausalLMScorer:
         if drift.agreement is not None:
             criteria.append(agreement.judge(drift.agreement, float(self.agreement.min_share), confidence))
         return criteria
+
+
+def causal_workload(wl, tokenizer, texts: list[str], context: int | None, warmup: int, seed: int) -> Workload:
+    """The requests `target.workload` describes: the user's prompts file, or synthetic prompts cut from `texts`
+    (the count from `requests`, else `prompts`, with the shared prefix), checked against the context window."""
+    if isinstance(wl.get("prompts"), str):   # the user's own requests
+        requests = prompts_file.read(Path(wl.prompts), tokenizer, wl.output_tokens, context, seed)
+        return prompts_file.workload(requests, warmup, seed)
+    check_window(wl, context)
+    count = wl.get("requests") or wl.get("prompts")
+    if count is None:
+        raise ConfigError("target.workload gives neither a prompts file nor a number of synthetic requests",
+                          "set target.workload.prompts=FILE.jsonl or target.workload.requests=N")
+    return Workload.from_texts(texts, tokenizer, wl.input_tokens, wl.output_tokens, int(count), warmup, seed,
+                               int(wl.get("shared_prefix_tokens") or 0))
 
 
 def check_window(wl, context: int | None) -> None:

@@ -9,6 +9,7 @@ Face folder. ~10 min on 2 cores, once: the folder sits in the engines' cache (en
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -84,3 +85,33 @@ def gguf_of(build: Path, model_dir: Path, out: Path, kind: str, step: Step) -> N
         step.run([str(build / "bin" / "llama-quantize"), str(converted), str(out), kind],
                  what=f"llama-quantize could not make {kind}")
         converted.unlink()
+
+
+def tokens_beyond_embedding(model_dir: Path) -> list[tuple[int, str]]:
+    """(id, text) of the tokens `model_dir`'s tokenizer.json lists at ids the model's embedding has no row for
+    (config.json's vocab_size): llama.cpp's convert_hf_to_gguf.py asserts there are none (transformers' GGUF
+    loader writes such folders). Read from the files, cheaply; [] where either is missing."""
+    config, tokenizer = Path(model_dir) / "config.json", Path(model_dir) / "tokenizer.json"
+    if not config.is_file() or not tokenizer.is_file():
+        return []
+    vocab_size = json.loads(config.read_text()).get("vocab_size")
+    if not isinstance(vocab_size, int):
+        return []
+    spec = json.loads(tokenizer.read_text())
+    vocab = (spec.get("model") or {}).get("vocab")
+    listed = {int(i): str(t) for t, i in vocab.items()} if isinstance(vocab, dict) else {}
+    listed.update({int(t["id"]): str(t.get("content", "")) for t in spec.get("added_tokens") or []})
+    return sorted((i, t) for i, t in listed.items() if i >= vocab_size)
+
+
+def beyond_embedding_refusal(model_dir: Path) -> str | None:
+    """Why llama.cpp's converter cannot make a GGUF of `model_dir` (tokens beyond the embedding), or None."""
+    beyond = tokens_beyond_embedding(model_dir)
+    if not beyond:
+        return None
+    vocab_size = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    shown = ", ".join(f"{i} {t!r}" for i, t in beyond[:5]) + (" …" if len(beyond) > 5 else "")
+    return (f"the tokenizer lists {len(beyond)} token(s) beyond the model's embedding (ids >= vocab_size "
+            f"{vocab_size}: {shown}), which llama.cpp's convert_hf_to_gguf.py refuses; drop them from "
+            f"tokenizer.json's added_tokens and tokenizer_config.json's added_tokens_decoder (the model can never "
+            f"produce them)")

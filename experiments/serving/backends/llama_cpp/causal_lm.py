@@ -25,7 +25,8 @@ from experiments.core.artefacts import cached, model_identity
 from experiments.core.recipe import Candidate
 from experiments.judge.accuracy import TokenizedLM
 from experiments.judge.fidelity import TopLogprobs
-from experiments.serving.backends.llama_cpp.build import CMAKE_FLAGS, LlamaCppBuild, gguf_of
+from experiments.serving.backends.llama_cpp.build import (CMAKE_FLAGS, LlamaCppBuild, beyond_embedding_refusal,
+                                                          gguf_of)
 from experiments.serving.backends.served import ServedEngine
 from experiments.serving.environments import Step, engines_home
 from experiments.serving.server_metrics import LLAMA_CPP
@@ -64,7 +65,7 @@ class LlamaCppEngine(ServedEngine):
             return f"llama-server's speculative decoding here is n-gram lookup, not {r.speculative}"
         if r.devices_per_replica > 1:
             return "llama.cpp here serves on one CPU: no tensor or pipeline parallelism"
-        return None
+        return beyond_embedding_refusal(cand.target.model_dir)
 
     @classmethod
     def batches_continuously(cls, recipe, scheduler: str) -> dict | None:
