@@ -80,3 +80,88 @@ def test_metric_series_are_stepped_by_concurrency():
 def test_zero_concurrency_is_refused():
     with pytest.raises(ValueError, match="concurrency must be an integer >= 1"):
         run_benchmark(ScriptedEngine(), workload(), OmegaConf.merge(CFG, {"concurrency": [0]}))
+
+
+# --- fresh prompts: no prompt sent twice to one server (issue 41) ------------------------------------------------
+class ByteTokenizer:
+    def encode(self, text, add_special_tokens=False):
+        return list(text.encode())
+
+
+def random_texts(seed=0, n=4, length=4000):
+    import random
+
+    rng = random.Random(seed)
+    return ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(length)) for _ in range(n)]
+
+
+class RecordingServer:
+    """A server that keeps every prompt submitted to it, warm-ups included."""
+
+    def __init__(self, server):
+        self.server, self.sent = server, []
+
+    def submit(self, prompt, intended=None):
+        self.sent.append(prompt)
+        return self.server.submit(prompt, intended)
+
+
+def ladder_sent(wl, cfg=CFG):
+    from experiments.measure.load_ladder import run_ladder
+    from experiments.serving.servers import serve
+
+    server = serve(ScriptedEngine(prefill_s=0.001, per_token_s=0.001))
+    try:
+        recording = RecordingServer(server)
+        return run_ladder(recording, wl, cfg), recording.sent
+    finally:
+        server.close()
+
+
+def test_a_synthetic_load_never_sends_one_server_a_prompt_twice_and_every_contender_gets_the_same_ones():
+    wl = Workload.from_texts(random_texts(), ByteTokenizer(), [8, 16], [3], 4, 2, seed=1)
+    report, sent = ladder_sent(wl)
+    assert len(sent) >= 2 * (12 + 2)                     # two levels, each a warm-up of 2 and 12 measured
+    assert len({p.token_ids for p in sent}) == len(sent) and len({p.id for p in sent}) == len(sent)
+    # a second contender: at each level the same prompts, in the same order, so the levels compare like with like
+    again, _ = ladder_sent(wl)
+    for level in (1, 3):
+        mine = sorted(r.prompt.id for r in report.level(level).records)
+        theirs = sorted(r.prompt.id for r in again.level(level).records)
+        common = min(len(mine), len(theirs))
+        assert mine[:common] == theirs[:common]
+    assert wl.prompts == tuple(wl.requests(0)[i] for i in range(4))     # `prompts`: the first of the first block
+    assert wl.repeats is None
+
+
+def test_only_what_the_workload_repeats_is_repeated():
+    shared = Workload.from_texts(random_texts(), ByteTokenizer(), [8], [3], 4, 2, seed=1, shared_prefix_tokens=6)
+    _, sent = ladder_sent(shared)
+    assert len({p.token_ids[:6] for p in sent}) == 1 and len({p.token_ids for p in sent}) == len(sent)
+    assert shared.repeats == "every prompt starts with the same 6 tokens"
+    # a prompts file is the user's traffic: sent as given, cycled
+    _, sent = ladder_sent(workload(n=5))
+    assert {p.id for p in sent if p.id < 1000} == set(range(5)) and workload().repeats
+    # a soak's next window continues its run where the last one stopped
+    fresh = Workload.from_texts(random_texts(), ByteTokenizer(), [8], [3], 4, 2, seed=1)
+    run = fresh.requests(7)
+    assert run.after(5)[0] == run[5] and run[0] != fresh.requests(8)[0]
+
+
+def test_both_sides_of_a_gate_round_send_the_same_fresh_block():
+    from experiments.climb import contender
+    from experiments.targets.workload import ROUNDS
+
+    class Apart:                                      # records what each run would measure, in no process
+        calls = []
+
+        def run(self, what, fn, build, workload, load, concurrency, confidence, block):
+            self.calls.append((what.split("-")[1], block))
+
+    apart = Apart()
+    with contender.round_runs({"champion": None, "challenger": None}, True, None, None, 2, 0.95, apart, 1) as runs:
+        for _ in range(3):
+            runs["challenger"]()
+            runs["champion"]()
+    blocks = {who: [b for w, b in apart.calls if w == who] for who in ("champion", "challenger")}
+    assert blocks["champion"] == blocks["challenger"] == [ROUNDS, ROUNDS + 1, ROUNDS + 2]

@@ -31,6 +31,7 @@ from experiments.record.console import SweepConsole, quiet_libraries
 from experiments.serving import build_engine
 from experiments.serving.backends.served import ServedEngine
 from experiments.serving.servers import serve
+from experiments.targets.workload import ROUNDS
 
 WHAT_WAS_DONE = ("each measurement in a fresh process of its own (fork-server child): the rung's load ladder and "
                  "scores, the soak, and each side of the gate's rounds (champion and challenger each built once in "
@@ -96,15 +97,20 @@ def round_runs(builds: dict, fresh_build_per_run: bool, workload, load, concurre
     """One callable per side (`who` → a run of one gate round, giving its LevelReport), each measuring alone;
     builds[who]() builds that side's engine (picklable: it runs in the child). Resident (the default): each side
     built once in a process of its own, stopped between its runs, so its rival's runs happen while nothing of it
-    can run. Fresh: each run a fresh build in a fresh process. on_build(built, of) counts the resident builds."""
-    if fresh_build_per_run:
-        count = dict.fromkeys(builds, 0)
+    can run. Fresh: each run a fresh build in a fresh process. on_build(built, of) counts the resident builds.
+    A side's n-th run sends the workload's requests of block ROUNDS + n: the same prompts as its rival's n-th
+    (the round's pairing), none sent to its server before."""
+    count = dict.fromkeys(builds, 0)
 
+    def block(who) -> int:
+        count[who] += 1
+        return ROUNDS + count[who] - 1
+    if fresh_build_per_run:
         def fresh(who):
             def one():
-                count[who] += 1
+                n = block(who)
                 return apart.run(f"rounds{attempt}-{who}-{count[who]}", _level_here, builds[who], workload, load,
-                                 concurrency, confidence)
+                                 concurrency, confidence, n)
             return one
         yield {who: fresh(who) for who in builds}
         return
@@ -115,21 +121,23 @@ def round_runs(builds: dict, fresh_build_per_run: bool, workload, load, concurre
                 on_build(len(built), len(builds))
             built[who] = stack.enter_context(isolation.Resident(
                 build, apart.limits, apart.logs / f"{apart.stem}-rounds{attempt}-{who}.log"))
-        yield {who: functools.partial(_resident_level_run, built[who], workload, load, concurrency, confidence)
+        yield {who: functools.partial(_resident_level_run, built[who], workload, load, concurrency, confidence,
+                                      functools.partial(block, who))
                for who in builds}
 
 
-def _resident_level_run(contender: isolation.Resident, workload, load, concurrency: int,
-                        confidence: float) -> LevelReport:
+def _resident_level_run(contender: isolation.Resident, workload, load, concurrency: int, confidence: float,
+                        block) -> LevelReport:
     try:
-        return contender.call(_level_on, workload, load, concurrency, confidence)
+        return contender.call(_level_on, workload, load, concurrency, confidence, block())
     except isolation.ResidentFailed as exc:
         raise MeasurementFailed(f"{contender.log_path.stem}: {exc}") from None
 
 
-def in_own_process(build, apart: Apart, workload, load, concurrency: int, confidence: float, what: str) -> LevelReport:
+def in_own_process(build, apart: Apart, workload, load, concurrency: int, confidence: float, what: str,
+                   block: int = ROUNDS) -> LevelReport:
     """level_run for any picklable builder (make bench-gate's wrapped engines)."""
-    return apart.run(what, _level_here, build, workload, load, concurrency, confidence)
+    return apart.run(what, _level_here, build, workload, load, concurrency, confidence, block)
 
 
 def soaked(judge, cand: Candidate, bench: BenchmarkReport, criteria: list, sweep, name: str, run_id: str,
@@ -211,19 +219,19 @@ def _level_counter(st, cfg_benchmark):
     return on_level
 
 
-def _level_here(build, workload, load, concurrency: int, confidence: float) -> LevelReport:
+def _level_here(build, workload, load, concurrency: int, confidence: float, block: int) -> LevelReport:
     engine = build()
     try:
-        return _level_on(engine, workload, load, concurrency, confidence)
+        return _level_on(engine, workload, load, concurrency, confidence, block)
     finally:
         engine.close()
         gc.collect()
 
 
-def _level_on(engine, workload, load, concurrency: int, confidence: float) -> LevelReport:
+def _level_on(engine, workload, load, concurrency: int, confidence: float, block: int) -> LevelReport:
     server = serve(engine)
     try:
-        return run_level(server, workload, concurrency, load, confidence)
+        return run_level(server, workload, concurrency, load, confidence, block)
     finally:
         server.close()
 

@@ -27,6 +27,7 @@ from experiments.targets.kinds import kind_of
 from experiments.targets.kinds.causal_lm import causal_workload
 from experiments.targets.resolve import built_model_dir, kind_unbuilt, resolve, texts_unbuilt
 from experiments.targets.models.hf_folder import context_length
+from experiments.targets.workload import LADDER
 from optimizers.placement import placed
 
 # Sampled in this process, which for an endpoint run is the load generator, not the server.
@@ -147,6 +148,16 @@ def endpoint_tokenizer(cfg_target, cache_dir: Path, given: Path | None) -> tuple
                       "target=folder target.source=DIR")
 
 
+def _first_requests(workload, cfg_benchmark) -> list:
+    """The requests each level will send first (its warm-up's, then twice its minimum), built before the load
+    runs; any further one is built when it is sent."""
+    levels = len(cfg_benchmark.rates if cfg_benchmark.get("mode", "closed") == "open" else cfg_benchmark.concurrency)
+    return [run[i] for block in range(LADDER, LADDER + levels)
+            for run, count in ((workload.requests(block, warmup=True), int(cfg_benchmark.warmup_requests)),
+                               (workload.requests(block), 2 * int(cfg_benchmark.min_requests)))
+            for i in range(count)]
+
+
 def _context_of(folder: Path) -> int | None:
     """The served model's context window where the tokenizer's folder has its config.json (prompts are checked
     against it), else None."""
@@ -180,7 +191,7 @@ def bench_endpoint(cfg: DictConfig, url: str, model: str | None, prompt_format: 
     server = EndpointServer(url, model, prompt_format, tokenizer, timeout_s=float(cfg.benchmark.request_timeout_s))
     try:
         experiment_id = tracking.connect(cfg.tracking)
-        server.prepare(workload.warmup + workload.prompts)
+        server.prepare(_first_requests(workload, cfg.benchmark))
         with console.stage(f"load ladder against {server.url} ({server.model})") as st:
             report = run_ladder(server, workload, cfg.benchmark, cfg.gate.confidence,
                                 on_level=lambda c: st.update(f"{server.url}: load at {c}"))

@@ -14,11 +14,13 @@ from experiments.core.stats import LatencyStats
 from experiments.measure.resources import ResourceSampler
 from experiments.serving.server_process import ServerFailed
 from experiments.targets.kinds import kind_of
-from experiments.targets.workload import Workload
+from experiments.targets.workload import LADDER, Requests, Workload
 
 
-def run_level(server, workload: Workload, load: float, cfg, confidence: float) -> LevelReport:
-    """One level: warm-up (discarded), then the measured window. `load` is clients (closed) or requests/s (open)."""
+def run_level(server, workload: Workload, load: float, cfg, confidence: float, block: int = LADDER) -> LevelReport:
+    """One level: warm-up (discarded), then the measured window. `load` is clients (closed) or requests/s (open).
+    `block` says which of the workload's requests it sends (Workload.requests): each run of requests to one server
+    its own, so that no prompt is sent to it twice unless the workload repeats."""
     is_open = cfg.get("mode", "closed") == "open"
     if load <= 0 or (not is_open and int(load) != load):
         raise ValueError(f"{'rate' if is_open else 'concurrency'} must be {'> 0' if is_open else 'an integer >= 1'}"
@@ -31,12 +33,12 @@ def run_level(server, workload: Workload, load: float, cfg, confidence: float) -
         return closed_loop(server, prompts, int(load), min_requests, min_s, cfg.max_duration_s,
                            cfg.request_timeout_s)
 
-    drive(workload.warmup, cfg.warmup_requests, cfg.get("warmup_s", 0.0))
+    drive(workload.requests(block, warmup=True), cfg.warmup_requests, cfg.get("warmup_s", 0.0))
     still_serving(server, "during the warm-up")
     with ResourceSampler(kv_probe=getattr(server, "kv_usage", None), processes=getattr(server, "processes", None),
                          server_probe=getattr(server, "server_probe", None)) as sampler:
         started = time.perf_counter()
-        records = drive(workload.prompts, cfg.min_requests, cfg.min_duration_s)
+        records = drive(workload.requests(block), cfg.min_requests, cfg.min_duration_s)
         duration = time.perf_counter() - started
     still_serving(server, f"during the level at {'rate' if is_open else 'concurrency'} {load:g}")
     level = LevelReport(concurrency=int(round(load)), duration_s=duration, records=tuple(records), stats={},
@@ -65,7 +67,7 @@ def open_loop(server, prompts, rate, process, gamma_shape, seed, min_requests, m
             break
         intended += rng.exponential(1 / rate) if process == "poisson" else rng.gamma(gamma_shape, 1 / (rate * gamma_shape))
         time.sleep(max(0.0, intended - time.perf_counter()))
-        records.append(server.submit(prompts[len(records) % len(prompts)], intended=intended))
+        records.append(server.submit(nth(prompts, len(records)), intended=intended))
     for rec in records:
         left = rec.arrival + timeout_s - time.perf_counter()
         if not rec.done.wait(max(0.0, left)) or (rec.token_times and rec.token_times[-1] - rec.arrival > timeout_s):
@@ -90,7 +92,7 @@ def closed_loop(server, prompts, concurrency, min_requests, min_s, max_s, timeou
                 if enough():
                     return
                 i = next(counter)
-            rec = server.submit(prompts[i % len(prompts)])
+            rec = server.submit(nth(prompts, i))
             if not rec.done.wait(timeout_s):
                 rec.timed_out = rec.cancelled = True
             with lock:
@@ -102,6 +104,11 @@ def closed_loop(server, prompts, concurrency, min_requests, min_s, max_s, timeou
     for t in threads:
         t.join()
     return records
+
+
+def nth(prompts, i: int):
+    """The i-th request of a run: Workload.requests' own, or a list of prompts cycled."""
+    return prompts[i] if isinstance(prompts, Requests) else prompts[i % len(prompts)]
 
 
 def check_load(bench) -> None:

@@ -14,7 +14,7 @@ from experiments.measure.load import run_level
 from experiments.serving.engine import Engine
 from experiments.serving.servers import serve
 from experiments.targets.kinds import kind_of
-from experiments.targets.workload import Workload
+from experiments.targets.workload import LADDER, Workload
 
 
 def run_benchmark(engine: Engine, workload: Workload, cfg, confidence: float = 0.95,
@@ -38,7 +38,9 @@ def run_ladder(server, workload: Workload, cfg, confidence: float = 0.95,
 
     def measure(load):
         on_level(load)
-        level = run_level(server, workload, load, cfg, confidence)
+        # each level (and its warm-up) its own block of requests, in the order the levels run: the same for every
+        # contender, and none sent to this server before
+        level = run_level(server, workload, load, cfg, confidence, block=LADDER + len(measured))
         measured[level.concurrency] = level
         return level
 

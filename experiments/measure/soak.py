@@ -30,7 +30,7 @@ from experiments.core.stats import ratio_ci
 from experiments.judge.gate import Criterion
 from experiments.measure.load import closed_loop, still_serving
 from experiments.measure.resources import ResourceSampler
-from experiments.targets.workload import Workload
+from experiments.targets.workload import SOAK, Workload
 
 
 # --- validation before any long work ---------------------------------------------------------------------
@@ -95,14 +95,13 @@ def run_soak(server, workload: Workload, cfg, concurrency: int, on_window=lambda
     k = int(cfg.drift_windows)
     first: list[np.ndarray] = []                 # e2e of the first k measured windows
     last: deque[np.ndarray] = deque(maxlen=k)    # and of the last k: bounded, whatever the duration
-    prompts, sent, windows, gpu_note = workload.prompts, 0, [], ""
+    requests, sent, windows, gpu_note = workload.requests(SOAK), 0, [], ""
     began = time.perf_counter()
     for i in range(n_warm + n_measured):
-        offset = sent % len(prompts)             # keep cycling through the whole workload, window after window
         # a serving engine's leak is in its server's processes, not in this client
         with ResourceSampler(min(0.25, cfg.window_s / 8), processes=getattr(server, "processes", None)) as res:
             start = time.perf_counter()
-            records = closed_loop(server, prompts[offset:] + prompts[:offset], concurrency, 0, cfg.window_s,
+            records = closed_loop(server, requests.after(sent), concurrency, 0, cfg.window_s,
                                    cfg.window_s, cfg.request_timeout_s)
             took = time.perf_counter() - start
         still_serving(server, f"during the soak's window {i + 1}")
