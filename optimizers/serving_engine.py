@@ -6,12 +6,15 @@ with 8 slots served a load of 4 at 89 tokens/s where 4 slots served 122, and the
 an engine that allocates each sequence's KV cache at start-up (llama.cpp's slots) gets as many as the load has
 in flight at its peak; one whose KV pool is a fixed budget whatever the batch (vLLM, SGLang, TensorRT-LLM) keeps
 `max_num_seqs` unless the load exceeds it. Without a measured load (the baseline's bench), `max_num_seqs`.
+Its prompt or prefix cache is as its users start it (on for llama.cpp, vLLM and SGLang): the load never sends a
+server a prompt twice unless the workload repeats (experiments/targets/workload.py), so the cache buys only what
+the traffic lets it.
 """
 from dataclasses import replace
 
 from experiments.core.recipe import Candidate, Env
 from experiments.core.reports import peak_in_flight
-from experiments.serving import fixed_kv_budget, refusal
+from experiments.serving import engine_class, fixed_kv_budget, refusal
 from optimizers.base import Optimizer
 
 SERVING_ENGINES = ("vllm", "llama.cpp", "sglang", "tensorrt-llm")
@@ -89,9 +92,18 @@ class ServingEngineSwap(Optimizer):
         # an engine that cannot quantize so says why.
         served = cand.edited(self.name, engine=self.engine, compile="none", cuda_graph=False, batching="continuous",
                              max_batch=self.max_num_seqs, max_tokens_per_step=self.max_num_batched_tokens,
-                             prefix_caching=False, tensor_parallel=self.tensor_parallel,
-                             pipeline_parallel=self.pipeline_parallel)
+                             prefix_caching=_deployed_caching(cand, self.engine),
+                             tensor_parallel=self.tensor_parallel, pipeline_parallel=self.pipeline_parallel)
         return replace(served, recipe=replace(served.recipe, max_batch=self.sequences(served)))
+
+
+def _deployed_caching(cand: Candidate, engine: str) -> bool:
+    """Whether `engine` caches prompts or prefixes as its users start it (ServedEngine.caches_prefixes_by_default)."""
+    try:
+        return getattr(engine_class(replace(cand, recipe=replace(cand.recipe, engine=engine))),
+                       "caches_prefixes_by_default", False)
+    except ValueError:      # no such engine for the target's kind: refusal() says so
+        return False
 
 
 def _fixed_budget(served: Candidate) -> bool:

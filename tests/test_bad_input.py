@@ -36,7 +36,7 @@ def run_cli(monkeypatch, capsys, *argv) -> str:
 
 @pytest.mark.parametrize("args, message", [
     (["+rung@ladder.rungs.nope=nope"], r"rung 'nope' has no config conf/rung/nope.yaml\. use one of: baseline, "
-                                       r".*onnxruntime, .*torch_compile, vllm\.$"),
+                                       r".*onnxruntime, .*torch_compile, vllm, vllm_defaults\.$"),
     (["ladder=nope"], r"ladder 'nope' has no config conf/ladder/nope.yaml\. use one of: default, engine-swap, llama-cpp, serving, serving-quantized, vllm\.$"),
     (["benchmark.no_such_key=1"], r"override benchmark.no_such_key names a key the config does not have\. check "
                                   r"its spelling .*\+benchmark.no_such_key=\.\.\. to add a new key"),

@@ -27,12 +27,12 @@ def test_every_profile_composes(profile, tmp_path):
     assert cfg.tracking.uri == f"sqlite:///{tmp_path}/mlflow.db"
 
 
-LADDERS = {"serving-quantized": ["baseline", "onnxruntime", "vllm", "int8", "int4", "llama_cpp", "server_batching",
-                                  "kv_cache_dtype", "speculative_ngram"],
-           "llama-cpp": ["baseline", "llama_cpp", "server_batching", "int8", "int4", "kv_cache_dtype",
-                         "speculative_ngram", "prefix_caching"],
-           "vllm": ["baseline", "vllm", "server_batching", "half_precision", "cuda_graph", "fp8", "speculative_ngram",
-                    "kv_cache_dtype", "prefix_caching"]}
+LADDERS = {"serving-quantized": ["baseline", "llama_cpp_defaults", "vllm_defaults", "onnxruntime", "vllm", "int8",
+                                  "int4", "llama_cpp", "server_batching", "kv_cache_dtype", "speculative_ngram"],
+           "llama-cpp": ["baseline", "llama_cpp_defaults", "llama_cpp", "server_batching", "int8", "int4",
+                         "kv_cache_dtype", "speculative_ngram", "prefix_caching"],
+           "vllm": ["baseline", "vllm_defaults", "vllm", "server_batching", "half_precision", "cuda_graph", "fp8",
+                    "speculative_ngram", "kv_cache_dtype", "prefix_caching"]}
 
 
 @pytest.mark.parametrize("ladder", sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "ladder").glob("*.yaml")))
@@ -48,7 +48,7 @@ def test_smollm2_brings_its_own_profile_and_the_command_line_still_wins(tmp_path
     # `make sweep target=smollm2` must run what docs/results.md measured: profile=smollm2, not the tiny model's demo
     cfg = compose(["target=smollm2", f"data_dir={tmp_path}"])
     assert cfg.profile_name == "smollm2"
-    assert list(cfg.benchmark.concurrency) == [1, 4]
+    assert list(cfg.benchmark.concurrency) == [1, 4, 8]
     explicit = compose(["target=smollm2", "profile=smollm2", f"data_dir={tmp_path}"])
     assert {k: cfg[k] for k in cfg if k != "hydra"} == {k: explicit[k] for k in explicit if k != "hydra"}
     assert compose(["target=smollm2", "profile=quick", f"data_dir={tmp_path}"]).profile_name == "quick"

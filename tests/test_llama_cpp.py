@@ -7,6 +7,7 @@ cache (`make llama-cpp` makes it), or with ROI_TEST_LLAMA_CPP=1, which builds it
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 import shutil
 
@@ -102,3 +103,54 @@ def test_a_folder_the_converter_refuses_is_one_error_and_nothing_runs(smollm2, t
         build_engine(Candidate(Target("broken", "causal-lm", broken), Recipe(engine="llama.cpp")), 2, tmp_path / "a")
     assert "NoSuchModelForCausalLM" in str(refused.value)
     assert our_processes() <= before
+
+
+def prompt_tokens_processed(url: str) -> float:
+    """llama-server's count of prompt tokens it computed (a prompt-cache hit computes only what it lacks)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert "llamacpp:prompt_tokens_total" in found, sorted(found)
+    return found["llamacpp:prompt_tokens_total"]
+
+
+def test_the_load_ladder_gives_a_caching_server_nothing_to_read_from_its_cache(smollm2, torch_engine, tmp_path):
+    """llama-server as deployed (its prompt cache and host-memory copies on) computes every prompt token of the
+    load ladder's requests, as a fresh server per level would: no prompt is sent to it twice (issue 41). The same
+    server given a workload that cycles its prompts (as the ladder's did) computes a fraction of them."""
+    from omegaconf import OmegaConf
+
+    from experiments.measure.load_ladder import run_ladder
+    from experiments.serving.servers import serve
+    from experiments.targets.workload import Workload
+
+    tokenizer = torch_engine.tokenizer
+    texts = [(p.read_text()) for p in sorted((Path(json.__file__).parent).glob("*.py"))]
+    cfg = OmegaConf.create({"concurrency": [1, 2], "warmup_requests": 2, "warmup_s": 0.0, "min_requests": 8,
+                            "min_duration_s": 0.0, "max_duration_s": 60.0, "request_timeout_s": 60.0})
+    engine = build_engine(Candidate(smollm2, Recipe(engine="llama.cpp", quantization="int8", batching="continuous",
+                                                    max_batch=2, prefix_caching=True)), 2, tmp_path)
+    try:
+        assert "--cache-prompt" in engine.process.command and engine.bounded_cache_mb() == 8192
+
+        def computed_share(workload) -> float:
+            sent = []
+            server = serve(engine)
+            recording = type("Recording", (), {"submit": lambda self, p, intended=None: (
+                sent.append(p), server.submit(p, intended))[1]})()
+            before = prompt_tokens_processed(engine.url)
+            try:
+                run_ladder(recording, workload, cfg)
+            finally:
+                server.close()
+            return (prompt_tokens_processed(engine.url) - before) / sum(len(p.token_ids) for p in sent)
+
+        cycled = Workload.from_texts(texts, tokenizer, [32, 48], [2], 3, 2, seed=5)
+        assert computed_share(Workload(cycled.prompts, cycled.warmup)) < 0.6     # the cache served the repeats
+        assert computed_share(Workload.from_texts(texts, tokenizer, [32, 48], [2], 3, 2, seed=6)) > 0.9
+    finally:
+        engine.close()

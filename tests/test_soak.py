@@ -303,3 +303,20 @@ def test_a_challenger_that_passed_is_soaked_at_the_objective_level_and_recorded(
     data = MlflowClient().get_run(run.info.run_id).data
     assert data.tags["roi.soak"].startswith("ran at c=2 (the gate's objective level")
     assert data.metrics["soak/concurrency"] == 2
+
+
+def test_a_capped_cache_filling_is_judged_against_its_cap_and_the_machine_not_extrapolated():
+    """llama.cpp's prompt cache was rejected as 'RSS +16.5 GB/h, over the 64 MB budget': a cache bounded by
+    --cache-ram (8 GiB) filling is a cost to weigh against the machine's memory, not a leak (issue 42)."""
+    t = np.arange(0, 12, 0.5)
+    filling = 400 + 8 * t                                   # +96 MB in 12 s: 29 GB/h extrapolated
+    assert not leak_check("leak_rss", t, filling, 0.1, 64, 0.95).passed
+    bounded = leak_check("leak_rss", t, filling, 0.1, 64, 0.95, bound_mb=8192, machine_mb=24_000)
+    assert bounded.passed and "bounded cache: grew +92 MB of its 8192 MB cap" in bounded.detail
+    assert "at the cap it holds 8592 MB of the machine's 24000 MB" in bounded.detail
+    assert not leak_check("leak_rss", t, filling, 0.1, 64, 0.95, bound_mb=8192, machine_mb=4_000).passed
+    # growth past the cap is a leak all the same
+    beyond = leak_check("leak_rss", t, 400 + 100 * t, 0.1, 64, 0.95, bound_mb=512, machine_mb=24_000)
+    assert not beyond.passed and "beyond its cache's cap of 512 MB" in beyond.detail
+    # and an engine without a cap still is judged on its slope
+    assert not leak_check("leak_rss", t, filling, 0.1, 64, 0.95, bound_mb=None, machine_mb=24_000).passed

@@ -118,6 +118,7 @@ def sweep(model_dir, tmp_path_factory):
     before = our_processes()
     cmd = [sys.executable, "-m", "experiments.cli", "sweep", "profile=quick", "ladder=serving", f"data_dir={data}",
            f"cache_dir={SHARED_CACHE}", "~rung@ladder.rungs.onnxruntime", "~rung@ladder.rungs.half_precision",
+           "~rung@ladder.rungs.llama_cpp_defaults", "~rung@ladder.rungs.vllm_defaults",
            "~rung@ladder.rungs.prefix_caching", "~rung@ladder.rungs.llama_cpp", "~rung@ladder.rungs.int8",
            "~rung@ladder.rungs.int4", "~rung@ladder.rungs.kv_cache_dtype", "~rung@ladder.rungs.speculative_ngram"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)

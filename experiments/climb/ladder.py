@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -14,7 +15,8 @@ from experiments.climb.rung import climb
 from experiments.climb.sweep import Sweep
 from experiments.climb.sweep_report import diagnose_sweep, sweep_figures
 from experiments.climb.validation import validate
-from experiments.core.errors import ConfigError, SweepInterrupted
+from experiments.climb.versus_defaults import versus_defaults
+from experiments.core.errors import ConfigError, SweepInterrupted, exception_line
 from experiments.core.interrupts import GracefulStop
 from experiments.core.names import Tag
 from experiments.core.recipe import Env
@@ -52,9 +54,22 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         _record_start(resume, why, sweep, outcomes, top)
         _tag_start(load, not_applicable, sweep.scorer)
         champion = _climb_rungs(rungs, outcomes, sweep, book, keys, stop, top)
-        _record_end(outcomes, champion, sweep, f"ROI ladder: {sweep.target.name}, sweep {sweep_id}", top)
+        versus = _versus_defaults(outcomes, champion, sweep, top)
+        _record_end(outcomes, champion, sweep, f"ROI ladder: {sweep.target.name}, sweep {sweep_id}", top, versus)
     book.finish("finished")     # after the parent run ended: a kill before this redoes only the closing steps
-    return _result(sweep, parent.info.run_id, f"sweep-{sweep_id}", outcomes, champion)
+    return replace(_result(sweep, parent.info.run_id, f"sweep-{sweep_id}", outcomes, champion),
+                   versus_defaults=versus)
+
+
+def _versus_defaults(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: Sweep, top: int) -> str:
+    """versus_defaults' line, tagged on the sweep's run; a measurement that fails says so and ends nothing."""
+    try:
+        line = versus_defaults(outcomes, champion, sweep, top)
+    except Exception as exc:  # the sweep's verdicts stand without it
+        line = f"champion vs best default: not measured ({exception_line(exc)})"
+    if line:
+        tracking.set_tag(Tag.VERSUS_DEFAULTS, line)
+    return line
 
 
 def _environment(cfg: DictConfig) -> Env:
@@ -146,7 +161,7 @@ def _climb_rungs(rungs: list, outcomes: list[RungOutcome], sweep: Sweep, book: L
 
 
 def _record_end(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: Sweep, title: str,
-                top: int) -> None:
+                top: int, versus: str = "") -> None:
     """On the sweep's run: the champion, its capacity plan, the diagnosis, the table, the plots and the review."""
     tracking.set_tags({Tag.CHAMPION_RUN: champion.run_id if champion else "",
                        Tag.CHAMPION_RUNG: champion.name if champion else ""})
@@ -154,8 +169,8 @@ def _record_end(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep
         tracking.log_metrics(champion.capacity.to_metrics())
         tracking.log_text(champion.capacity.to_markdown(), "capacity/plan.md")
     diagnose_sweep(outcomes, champion, sweep)
-    tracking.log_text(markdown_table(outcomes, top), "summary.md")
-    _log_review(outcomes, champion, sweep, title, top)
+    tracking.log_text(markdown_table(outcomes, top) + (f"\n{versus}\n" if versus else ""), "summary.md")
+    _log_review(outcomes, champion, sweep, title, top, versus)
 
 
 def _result(sweep: Sweep, parent_id: str, view: str, outcomes: list[RungOutcome],
@@ -169,13 +184,14 @@ def _result(sweep: Sweep, parent_id: str, view: str, outcomes: list[RungOutcome]
 
 
 def _log_review(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: Sweep, title: str,
-                top: int) -> None:
+                top: int, versus: str = "") -> None:
     """The plots, the HTML report and the sweep's description: what a reviewer opens first in the UI."""
     figures = sweep_figures(outcomes, champion, sweep.cfg)
     for path, fig in figures.items():
         tracking.log_figure(fig, path)
     tracking.log_text(review.html_report(title, outcomes, top, figures), "report.html")
-    tracking.set_tag(review.DESCRIPTION, review.sweep_description(outcomes, champion, top, sweep.target.name))
+    tracking.set_tag(review.DESCRIPTION, review.sweep_description(outcomes, champion, top, sweep.target.name,
+                                                                  versus))
 
 
 def _open_ledger(sweep: Sweep, names: list[str]):

@@ -39,7 +39,8 @@ def soak_criterion(engine, bench: BenchmarkReport, criteria: list[Criterion], sw
             seen = []
             st.progress(0, windows, "soak", f"windows of {cfg.soak.window_s:g} s", planned_s=total)
             report = soak.run_soak(server, sweep.workload, cfg.soak, clients,
-                                   on_window=lambda w: (seen.append(w), st.progress(len(seen), windows)))
+                                   on_window=lambda w: (seen.append(w), st.progress(len(seen), windows)),
+                                   bound_mb=getattr(engine, "bounded_cache_mb", lambda: None)())
         finally:
             server.close()
     benchmark_log.log_soak(report)

@@ -40,6 +40,7 @@ class Tag:
     # the sweep's outcome
     CHAMPION_RUN = "roi.champion_run"
     CHAMPION_RUNG = "roi.champion_rung"
+    VERSUS_DEFAULTS = "roi.versus_defaults"  # the champion against the best engine started with its defaults
     PROMOTED_VERSION = "roi.promoted_version"
     INTERRUPTED = "roi.interrupted"
     RESUMED = "roi.resumed"

@@ -43,6 +43,9 @@ class Recipe:
     speculative: str = "none"        # none | ngram: draft tokens looked up in the prompt, verified in one step
     tensor_parallel: int = 1         # devices one replica's layers are split across
     pipeline_parallel: int = 1       # stages one replica's layers are cut into (vLLM: Ray beyond one node)
+    # Serving engines: started as their users start them, with the model and no other setting (the reference a
+    # sweep must beat); the other fields then say what those defaults are. Any rung's edit clears it.
+    defaults: bool = False
 
     @property
     def devices_per_replica(self) -> int:
@@ -56,7 +59,8 @@ class Candidate:
     rungs: tuple[str, ...] = ()
 
     def edited(self, rung: str, **changes) -> "Candidate":
-        return Candidate(self.target, replace(self.recipe, **changes), self.rungs + (rung,))
+        """This candidate with `rung`'s changes; an engine's defaults changed are no longer its defaults."""
+        return Candidate(self.target, replace(self.recipe, **{"defaults": False, **changes}), self.rungs + (rung,))
 
     def describe(self) -> dict:
         return {"rungs": list(self.rungs), **asdict(self.recipe)}

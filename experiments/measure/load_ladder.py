@@ -14,7 +14,7 @@ from experiments.measure.load import run_level
 from experiments.serving.engine import Engine
 from experiments.serving.servers import serve
 from experiments.targets.kinds import kind_of
-from experiments.targets.workload import LADDER, Workload
+from experiments.targets.workload import LADDER, ROUNDS, Workload
 
 
 def run_benchmark(engine: Engine, workload: Workload, cfg, confidence: float = 0.95,
@@ -35,12 +35,13 @@ def run_ladder(server, workload: Workload, cfg, confidence: float = 0.95,
         raise ConfigError("the workload has no prompts", "set target.workload.prompts to 1 or more")
     open_loop = cfg.get("mode", "closed") == "open"
     measured: dict[int, LevelReport] = {}
+    blocks = iter(range(LADDER, ROUNDS))
 
     def measure(load):
         on_level(load)
         # each level (and its warm-up) its own block of requests, in the order the levels run: the same for every
         # contender, and none sent to this server before
-        level = run_level(server, workload, load, cfg, confidence, block=LADDER + len(measured))
+        level = run_level(server, workload, load, cfg, confidence, block=next(blocks))
         measured[level.concurrency] = level
         return level
 

@@ -5,7 +5,10 @@ a row of the time series and dropped: the harness itself must not grow, or its o
 A window ends when its last requests have finished, so it runs a little past window_s (QPS is over its real length).
 The warm-up windows are kept in the table and the plot but cut off before any fit.
 - leak: Theil-Sen slope of memory vs time (robust to the odd allocator jump) with its confidence interval;
-  flagged when the lower bound is above zero and the growth projected over `horizon_h` exceeds `budget_mb`.
+  flagged when the lower bound is above zero and the growth projected over `horizon_h` exceeds `budget_mb`. An
+  engine whose cache has a declared cap (llama-server's --cache-ram) is not extrapolated past it: its growth is a
+  bounded cache filling, judged on the most it can hold (what it held at the start plus the cap) against the
+  machine's memory, unless it grew beyond the cap.
 - drift: P95 E2E of the last k windows over the first k, bootstrap interval; flagged when its lower bound
   exceeds 1 + max_drift.
 - errors: errors and timeouts over requests in the measured windows, against max_error_rate.
@@ -89,8 +92,10 @@ def window_counts(cfg) -> tuple[int, int]:
     return math.ceil(cfg.warmup_s / cfg.window_s - 1e-9), math.floor(cfg.duration_s / cfg.window_s + 1e-9)
 
 
-def run_soak(server, workload: Workload, cfg, concurrency: int, on_window=lambda w: None) -> "SoakReport":
-    """warmup_s + duration_s of closed-loop load at `concurrency`, in windows of window_s."""
+def run_soak(server, workload: Workload, cfg, concurrency: int, on_window=lambda w: None,
+             bound_mb: float | None = None) -> "SoakReport":
+    """warmup_s + duration_s of closed-loop load at `concurrency`, in windows of window_s; `bound_mb`: the cap of
+    the engine's cache, where it declares one (ServedEngine.bounded_cache_mb)."""
     n_warm, n_measured = window_counts(cfg)
     k = int(cfg.drift_windows)
     first: list[np.ndarray] = []                 # e2e of the first k measured windows
@@ -121,12 +126,14 @@ def run_soak(server, workload: Workload, cfg, concurrency: int, on_window=lambda
             if len(first) < k:
                 first.append(e2e)
             last.append(e2e)
-    return SoakReport.judge(tuple(windows), concurrency, first, list(last), cfg, gpu_note)
+    return SoakReport.judge(tuple(windows), concurrency, first, list(last), cfg, gpu_note, bound_mb)
 
 
 # --- the verdicts -----------------------------------------------------------------------------------------
-def leak_check(name: str, t_s, mb, horizon_h: float, budget_mb: float, confidence: float) -> Criterion:
-    """Theil-Sen slope of memory (MB) vs time (s); a leak when it is surely above zero and over budget."""
+def leak_check(name: str, t_s, mb, horizon_h: float, budget_mb: float, confidence: float,
+               bound_mb: float | None = None, machine_mb: float | None = None) -> Criterion:
+    """Theil-Sen slope of memory (MB) vs time (s); a leak when it is surely above zero and over budget, unless
+    the engine declares a cache of at most `bound_mb` (bounded_check)."""
     t, y = np.asarray(t_s, float), np.asarray(mb, float)
     if t.size < 3:
         return Criterion(name, False, f"{name}: {t.size} points after the warm-up, too few to fit a slope")
@@ -134,6 +141,8 @@ def leak_check(name: str, t_s, mb, horizon_h: float, budget_mb: float, confidenc
     slope, low, high = (float(v) * 3600 for v in (fit.slope, fit.low_slope, fit.high_slope))
     projected = slope * horizon_h
     leaking = low > 0 and projected > budget_mb
+    if leaking and bound_mb is not None:
+        return bounded_check(name, y, bound_mb, budget_mb, machine_mb, slope, low, high)
     why = ("growing and over budget" if leaking else
            "interval includes no growth" if low <= 0 else "growing, within budget")
     detail = (f"{name} {slope:+.1f} MB/h [{low:+.1f}, {high:+.1f}] → {projected:+.1f} MB over {horizon_h:g} h "
@@ -141,6 +150,25 @@ def leak_check(name: str, t_s, mb, horizon_h: float, budget_mb: float, confidenc
     return Criterion(name, not leaking, detail, {"slope_mb_per_h": slope, "slope_ci_low": low,
                                                  "slope_ci_high": high, "projected_mb": projected,
                                                  "budget_mb": float(budget_mb), "points": float(t.size)})
+
+
+def bounded_check(name: str, mb, bound_mb: float, budget_mb: float, machine_mb: float | None, slope: float,
+                  low: float, high: float) -> Criterion:
+    """Growth of an engine with a capped cache: a leak only beyond the cap (and the budget); within it, judged on
+    the most the engine can hold, what it held at the first measured window plus the cap, against `machine_mb`."""
+    y = np.asarray(mb, float)
+    grew, most = float(y.max() - y[0]), float(y[0] + bound_mb)
+    numbers = {"slope_mb_per_h": slope, "slope_ci_low": low, "slope_ci_high": high, "grew_mb": grew,
+               "cache_cap_mb": float(bound_mb), "most_mb": most, "budget_mb": float(budget_mb)}
+    if grew > bound_mb + budget_mb:
+        return Criterion(name, False, f"{name} grew {grew:+.0f} MB, beyond its cache's cap of {bound_mb:g} MB and "
+                                      f"the {budget_mb:g} MB budget: LEAK", numbers)
+    fits = machine_mb is None or most <= machine_mb
+    where = "" if machine_mb is None else f" of the machine's {machine_mb:.0f} MB"
+    return Criterion(name, fits, f"{name} bounded cache: grew {grew:+.0f} MB of its {bound_mb:g} MB cap ({slope:+.0f} "
+                                 f"MB/h [{low:+.0f}, {high:+.0f}] while it fills); at the cap it holds {most:.0f} MB"
+                                 f"{where}{'' if fits else ': DOES NOT FIT'}",
+                     {**numbers, **({"machine_mb": machine_mb} if machine_mb is not None else {})})
 
 
 def drift_check(first_ms, last_ms, max_drift: float, confidence: float, resamples: int, seed: int) -> Criterion:
@@ -177,11 +205,11 @@ class SoakReport:
     gpu_note: str = ""               # why GPU memory is absent, if it is
 
     @classmethod
-    def judge(cls, windows, concurrency, first_ms, last_ms, cfg, gpu_note="") -> "SoakReport":
+    def judge(cls, windows, concurrency, first_ms, last_ms, cfg, gpu_note="", bound_mb=None) -> "SoakReport":
         measured = [w for w in windows if not w.warmup]
         t = [w.mid_s for w in measured]
         checks = [leak_check("leak_rss", t, [w.rss_mb for w in measured], cfg.horizon_h, cfg.budget_mb,
-                             cfg.confidence)]
+                             cfg.confidence, bound_mb, psutil.virtual_memory().total / 2**20)]
         if all(w.gpu_mem_mb is not None for w in measured):
             checks.append(leak_check("leak_gpu", t, [w.gpu_mem_mb for w in measured], cfg.horizon_h,
                                      cfg.budget_mb, cfg.confidence))

@@ -94,6 +94,8 @@ class SweepConsole:
         self.console.print(f"Next: `make ui` to compare the runs in MLflow ({tracking_uri}), then open")
         for url in result.urls:
             self.console.print(f"  {url}", soft_wrap=True)
+        if getattr(result, "versus_defaults", ""):
+            self.console.print(f"[bold]{result.versus_defaults}[/bold]", soft_wrap=True)
 
 
 FLAG_TEXT = {"stable": "unstable", "p99_claimable": "no P99 claim", "error_rate_ok": "errors > 1 %",

@@ -46,6 +46,7 @@ class SweepResult:
     outcomes: list[RungOutcome]
     champion: RungOutcome | None
     urls: tuple[str, ...] = ()         # in the MLflow UI: the ladder's runs view, the sweep's run
+    versus_defaults: str = ""          # the champion against the best engine default (climb/versus_defaults.py)
 
 
 def table_columns(outcomes: list[RungOutcome], top: int) -> list[tuple[str, str, str]]:

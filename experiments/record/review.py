@@ -12,7 +12,8 @@ from experiments.record.outcome import RungOutcome, markdown_table, table_column
 DESCRIPTION = "mlflow.note.content"   # what the run page shows as the run's description
 
 
-def sweep_description(outcomes: list[RungOutcome], champion: RungOutcome | None, top: int, target: str) -> str:
+def sweep_description(outcomes: list[RungOutcome], champion: RungOutcome | None, top: int, target: str,
+                      versus: str = "") -> str:
     if champion is None:
         head = "**No champion**: the baseline did not complete, so no rung could be gated."
         follow = ""
@@ -22,6 +23,8 @@ def sweep_description(outcomes: list[RungOutcome], champion: RungOutcome | None,
         follow = ("\n\nPromote it to the registry (alias `champion`, with a rollback tag): "
                   f"`make promote RUN={champion.run_id} target={target}`  \n"
                   f"Roll back later: `make rollback target={target}`; see where it stands: `make status target={target}`.")
+    if versus:
+        head += f"\n\n{versus}"
     return (f"{head}\n\n{markdown_table(outcomes, top)}\nEach rung was gated against the champion of its time "
             f"(deltas in the console table are against it); `report.html` on this run has the table and the "
             f"plots.{follow}\n")

@@ -37,6 +37,9 @@ class ServedEngine(Engine):
     metric_names: MetricNames | None = None     # what its /metrics calls running, waiting, KV use, preemptions
     # its KV pool has a fixed memory budget whatever the KV type: fewer bits buy room for sequences, not memory
     fixed_kv_budget = False
+    # its prompt or prefix cache is on when started as its users start it: the swap enters with it on (as deployed;
+    # the load never repeats a prompt unless the workload does, so the cache cannot flatter the engine)
+    caches_prefixes_by_default = False
 
     def __init__(self, cand: Candidate, threads: int, artefact_root: Path, *, host: str = "127.0.0.1",
                  port: int | None = None):
@@ -62,6 +65,11 @@ class ServedEngine(Engine):
 
     def environment(self) -> EngineEnvironment | None:
         """The Python environment the server runs in (None: the engine builds something else, llama.cpp)."""
+        return None
+
+    def bounded_cache_mb(self) -> float | None:
+        """The host memory (MB) its prompt cache grows to at most, where it keeps one with a cap (the soak: growth
+        up to the cap is a bounded cache filling, not a leak); None where it keeps none."""
         return None
 
     def described(self) -> dict[str, str]:

@@ -21,11 +21,14 @@ from pathlib import Path
 from experiments.serving.environments import Step, engines_home, made_once
 
 SOURCE = "llama-cpp-python==0.3.36"       # vendors llama.cpp; its version names the build
-# static: the binaries are moved out of the build tree, whose shared libraries they would otherwise look for
-# static: the binaries are moved out of the build tree, whose shared libraries they would otherwise look for
+# static: the binaries are moved out of the build tree, whose shared libraries they would otherwise look for.
+# No AMX: on a virtualised Xeon whose CPUID advertises it (Firecracker, 7 Dec 2026), -march=native compiled ggml's
+# AMX kernels and every llama-server died of a general protection fault at their first ldtilecfg, for any model;
+# without them ggml runs its AVX-512 VNNI kernels (gcc keeps an explicit -mno-* over what -march=native implies).
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
                "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-               "-DLLAMA_BUILD_EXAMPLES=OFF")
+               "-DLLAMA_BUILD_EXAMPLES=OFF", f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
 TARGETS = ("llama-server", "llama-quantize")
 CONVERTER_PACKAGES = ("conversion", "gguf-py")    # what convert_hf_to_gguf.py imports beside it
 

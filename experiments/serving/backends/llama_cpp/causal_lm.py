@@ -4,9 +4,9 @@ itself), served by the native server built here (build.py).
 The recipe maps onto llama.cpp's own settings: precision -> the GGUF's type (F32, BF16, F16); quantization int8 ->
 Q8_0, int4 -> Q4_K_M, made from the user's own weights by llama-quantize; continuous batching's max_batch ->
 --parallel (slots), its max_tokens_per_step -> --batch-size and --ubatch-size (tokens one decode call carries;
-0: llama.cpp's defaults); prefix_caching -> its prompt cache (off otherwise: --no-cache-prompt, so that a repeated
-prompt is not measured as a faster engine, and --cache-ram 0: its host-memory copy of past prompts, 8 GiB by
-default, kept growing by ~2 MB a request even with the prompt cache off, which the soak judged a leak).
+0: llama.cpp's defaults); prefix_caching -> its prompt cache and its host-memory copies of past prompts
+(--cache-ram, capped at its default 8 GiB), on as llama-server starts and as the swap enters (the load sends no
+prompt twice unless the workload repeats, so the cache cannot flatter it); off: --no-cache-prompt --cache-ram 0.
 
 llama-server returns no prompt log-probs (it ignores `echo`), so each position is scored by asking for one token
 with that position's real next token forced by a logit bias: the probabilities it reports come from the raw
@@ -35,6 +35,7 @@ GGUF_TYPES = {("fp32", "none"): "f32", ("bf16", "none"): "bf16", ("fp16", "none"
 QUANTIZED = {"int8": "Q8_0", "int4": "Q4_K_M"}
 FORCE = 1000.0              # a logit bias no other token overcomes
 MAX_CONTEXT = 2048          # tokens per slot: the workload's prompts and outputs fit well within it
+CACHE_RAM_MIB = 8192        # llama-server's --cache-ram default: the cap of its host-memory prompt cache
 
 
 def gguf_type(recipe) -> str | None:
@@ -46,6 +47,7 @@ def gguf_type(recipe) -> str | None:
 class LlamaCppEngine(ServedEngine):
     name = "llama.cpp"
     metric_names = LLAMA_CPP
+    caches_prefixes_by_default = True   # cache_prompt, and --cache-ram's host-memory copies of past prompts
 
     @classmethod
     def refuses(cls, cand: Candidate) -> str | None:
@@ -98,6 +100,9 @@ class LlamaCppEngine(ServedEngine):
     def artefact_paths(self) -> list[Path]:
         return [self.gguf]
 
+    def bounded_cache_mb(self) -> float | None:
+        return float(CACHE_RAM_MIB) if self.recipe.prefix_caching else None
+
     def weight_bits(self) -> float:
         return {"f32": 32.0, "bf16": 16.0, "f16": 16.0, "Q8_0": 8.5, "Q4_K_M": 4.5}[gguf_type(self.recipe)]
 
@@ -134,6 +139,11 @@ class LlamaCppEngine(ServedEngine):
 
 def command(cand: Candidate, server: Path, gguf: Path, threads: int, model_context: int) -> list[str]:
     r = cand.recipe
+    if r.defaults:
+        # as a user starts it: the model and where to listen; --metrics only opens /metrics (what the load
+        # ladder reads requests in flight from), and --alias names the model in its answers
+        return [str(server), "-m", str(gguf), "--alias", cand.target.name, "--host", "127.0.0.1", "--port", "{port}",
+                "--metrics"]
     slots = r.max_batch if r.batching == "continuous" else 1
     context = min(model_context, MAX_CONTEXT)
     args = [str(server), "-m", str(gguf), "--alias", cand.target.name, "--host", "127.0.0.1", "--port", "{port}",
@@ -142,8 +152,10 @@ def command(cand: Candidate, server: Path, gguf: Path, threads: int, model_conte
     if r.batching == "continuous" and r.max_tokens_per_step > 0:
         # the physical batch (ubatch) cannot exceed the logical one
         args += ["--batch-size", str(r.max_tokens_per_step), "--ubatch-size", str(r.max_tokens_per_step)]
-    # with prefix caching, the host-memory prompt cache stays at llama-server's default (8 GiB): the soak judges it
-    args += ["--cache-prompt"] if r.prefix_caching else ["--no-cache-prompt", "--cache-ram", "0"]
+    # with prefix caching (as deployed), the host-memory prompt cache at its cap, stated: the soak judges its
+    # growth against the cap (bounded_cache_mb)
+    args += (["--cache-prompt", "--cache-ram", str(CACHE_RAM_MIB)] if r.prefix_caching
+             else ["--no-cache-prompt", "--cache-ram", "0"])
     if r.kv_cache_dtype == "int8":
         # a quantized V cache needs flash attention
         args += ["--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--flash-attn", "on"]

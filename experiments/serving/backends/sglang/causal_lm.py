@@ -20,6 +20,7 @@ SGLANG = MetricNames("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang
 class SglangEngine(ServedEngine):
     name = "sglang"
     metric_names = SGLANG
+    caches_prefixes_by_default = True   # its radix cache
     fixed_kv_budget = True       # its KV pool is a share of GPU memory (mem_fraction_static)
 
     @classmethod

@@ -31,6 +31,7 @@ KV_CACHE_GIB = 2          # VLLM_CPU_KVCACHE_SPACE: 2 GiB held SmolLM2-135M's 8 
 class VllmEngine(ServedEngine):
     name = "vllm"
     metric_names = VLLM
+    caches_prefixes_by_default = True   # V1's automatic prefix caching
     fixed_kv_budget = True       # gpu_memory_utilization on a GPU, VLLM_CPU_KVCACHE_SPACE on a CPU
 
     @classmethod
@@ -70,6 +71,11 @@ class VllmEngine(ServedEngine):
 
 def command(cand: Candidate, python: str) -> list[str]:
     r = cand.recipe
+    if r.defaults:
+        # `vllm serve <folder>`: its dtype (auto: an fp32 checkpoint downcast to bf16 on a CPU that has it),
+        # batch, prefix caching and generation config as it chooses them
+        return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(cand.target.model_dir),
+                "--served-model-name", cand.target.name, "--host", "127.0.0.1", "--port", "{port}"]
     args = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(cand.target.model_dir),
             "--served-model-name", cand.target.name, "--host", "127.0.0.1", "--port", "{port}",
             "--dtype", DTYPES[r.precision],
@@ -100,6 +106,8 @@ def command(cand: Candidate, python: str) -> list[str]:
 def server_env(cand: Candidate) -> dict[str, str]:
     if cand.recipe.execution_provider == "cuda":
         return cuda_devices(cand.recipe)
+    if cand.recipe.defaults:
+        return {}
     # auto: the model's threads on one core, the scheduler on the other; binding both to the model halved
     # its speed on 2 cores.
     return {"VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "VLLM_CPU_OMP_THREADS_BIND": "auto"}
