@@ -165,3 +165,13 @@ def test_both_sides_of_a_gate_round_send_the_same_fresh_block():
             runs["champion"]()
     blocks = {who: [b for w, b in apart.calls if w == who] for who in ("champion", "challenger")}
     assert blocks["champion"] == blocks["challenger"] == [ROUNDS, ROUNDS + 1, ROUNDS + 2]
+
+
+def test_every_run_of_fresh_prompts_carries_the_same_mix_of_lengths():
+    """Runs read different blocks (a level, the gate's rounds): their length mix is stratified, so a run's mean
+    latency compares with another's (the gate's consistency check) without the noise of drawing lengths."""
+    wl = Workload.from_texts(random_texts(), ByteTokenizer(), [8, 16, 24], [3, 5], 4, 2, seed=1)
+    for block in (0, 1, 1000, 2000):
+        run = wl.requests(block)
+        mix = sorted((len(run[i].token_ids), run[i].max_new_tokens) for i in range(12))
+        assert mix == sorted([(a, b) for a in (8, 16, 24) for b in (3, 5)] * 2)

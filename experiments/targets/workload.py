@@ -25,7 +25,9 @@ LADDER, ROUNDS, SOAK = 0, 1000, 2000     # the first blocks of a load ladder's l
 @dataclass(frozen=True, eq=False)
 class FreshPrompts:
     """Prompts drawn on demand, each from its own seeded generator: prompt (block, i) is the same in every process
-    and for every contender, and no two are cut from the same draw."""
+    and for every contender, and no two are cut from the same draw. Their lengths go through every (input, output)
+    pair once per cycle, in a shuffled order: any two runs of a dozen requests or more carry nearly the same mix
+    of lengths, so runs that read different blocks (a level and the gate's rounds) still compare like with like."""
     stream: np.ndarray               # the held-out text's tokens (int32)
     prefix: tuple[int, ...]
     input_tokens: tuple[int, ...]
@@ -33,11 +35,12 @@ class FreshPrompts:
     seed: int
 
     def at(self, block: int, i: int) -> Prompt:
-        rng = random.Random(f"{self.seed}/{block}/{i}")
-        n_in = rng.choice(self.input_tokens)
-        start = rng.randrange(0, len(self.stream) - n_in)
-        return Prompt(block * BLOCK + i, self.prefix + tuple(int(t) for t in self.stream[start:start + n_in]),
-                      rng.choice(self.output_tokens))
+        pairs = [(n_in, n_out) for n_in in self.input_tokens for n_out in self.output_tokens]
+        cycle, k = divmod(i, len(pairs))
+        n_in, n_out = pairs[random.Random(f"{self.seed}/{block}/cycle {cycle}").sample(range(len(pairs)),
+                                                                                       len(pairs))[k]]
+        start = random.Random(f"{self.seed}/{block}/{i}").randrange(0, len(self.stream) - n_in)
+        return Prompt(block * BLOCK + i, self.prefix + tuple(int(t) for t in self.stream[start:start + n_in]), n_out)
 
 
 @dataclass(frozen=True)
