@@ -10,6 +10,18 @@ from abc import ABC, abstractmethod
 
 from experiments.core.recipe import Candidate, Env
 
+SERVING_ENGINES = ("vllm", "llama.cpp", "sglang", "tensorrt-llm")
+# What a serving engine's own server does that an in-process engine starts without: an engine swap away from a
+# server (a champion that is llama-server with its defaults, say) starts from these, at the champion's precision.
+IN_PROCESS_START = {"batching": "none", "max_batch": 1, "max_wait_ms": 0.0, "max_tokens_per_step": 0,
+                    "prefix_caching": False, "kv_cache_dtype": "auto", "speculative": "none", "tensor_parallel": 1,
+                    "pipeline_parallel": 1}
+
+
+def leaving_server(cand: Candidate) -> dict:
+    """The recipe changes an in-process engine swap makes to `cand`: IN_PROCESS_START where a server runs it."""
+    return IN_PROCESS_START if cand.recipe.engine in SERVING_ENGINES else {}
+
 
 class Optimizer(ABC):
     name: str = "optimizer"

@@ -2,7 +2,7 @@
 an exported pooled graph in an InferenceSession for an encoder."""
 from experiments.core.recipe import Candidate, Env
 from experiments.serving import refusal
-from optimizers.base import Optimizer
+from optimizers.base import Optimizer, leaving_server
 
 
 class OnnxRuntimeSwap(Optimizer):
@@ -32,5 +32,6 @@ class OnnxRuntimeSwap(Optimizer):
         return refusal(self.apply(cand))
 
     def apply(self, cand: Candidate) -> Candidate:
-        # torch-only settings do not carry over to the exported graph; the device stays the champion's.
-        return cand.edited(self.name, engine="onnxruntime", compile="none", cuda_graph=False)
+        # torch-only settings do not carry over to the exported graph, nor a server's own; the device stays the
+        # champion's.
+        return cand.edited(self.name, engine="onnxruntime", compile="none", cuda_graph=False, **leaving_server(cand))

@@ -5,7 +5,7 @@ from importlib.util import find_spec
 
 from experiments.core.recipe import Candidate, Env
 from experiments.serving import refusal
-from optimizers.base import Optimizer
+from optimizers.base import Optimizer, leaving_server
 
 
 class OpenVinoSwap(Optimizer):
@@ -30,4 +30,4 @@ class OpenVinoSwap(Optimizer):
 
     def apply(self, cand: Candidate) -> Candidate:
         # torch-only settings do not carry over to the converted graph; `check` let only a CPU champion through.
-        return cand.edited(self.name, engine="openvino", compile="none", cuda_graph=False)
+        return cand.edited(self.name, engine="openvino", compile="none", cuda_graph=False, **leaving_server(cand))

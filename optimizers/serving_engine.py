@@ -15,9 +15,7 @@ from dataclasses import replace
 from experiments.core.recipe import Candidate, Env
 from experiments.core.reports import peak_in_flight
 from experiments.serving import engine_class, fixed_kv_budget, refusal
-from optimizers.base import Optimizer
-
-SERVING_ENGINES = ("vllm", "llama.cpp", "sglang", "tensorrt-llm")
+from optimizers.base import SERVING_ENGINES, Optimizer
 
 
 class ServingEngineSwap(Optimizer):
@@ -65,7 +63,8 @@ class ServingEngineSwap(Optimizer):
         served = self.apply(cand)
         if reason := refusal(served):
             return reason
-        self.decision = self._why(served)
+        self.decision = self._why(served) + (f"; {cannot}: it enters with the unquantized weights at "
+                                             f"{served.recipe.precision}" if (cannot := self._unquantized(cand)) else "")
         return None
 
     def sequences(self, served: Candidate) -> int:
@@ -94,7 +93,21 @@ class ServingEngineSwap(Optimizer):
                              max_batch=self.max_num_seqs, max_tokens_per_step=self.max_num_batched_tokens,
                              prefix_caching=_deployed_caching(cand, self.engine),
                              tensor_parallel=self.tensor_parallel, pipeline_parallel=self.pipeline_parallel)
-        return replace(served, recipe=replace(served.recipe, max_batch=self.sequences(served)))
+        served = replace(served, recipe=replace(served.recipe, max_batch=self.sequences(served)))
+        if self._unquantized(cand):
+            served = replace(served, recipe=replace(served.recipe, quantization="none"))
+        return served
+
+    def _unquantized(self, cand: Candidate) -> str | None:
+        """Why this engine cannot serve the champion's quantization, where it can serve its weights unquantized
+        (vLLM's CPU build after a llama.cpp Q8_0 champion); None otherwise, the refusal then being the engine's."""
+        if cand.recipe.quantization == "none":
+            return None
+        served = cand.edited(self.name, engine=self.engine, compile="none", cuda_graph=False, batching="continuous",
+                             max_batch=self.max_num_seqs)
+        plain = replace(served, recipe=replace(served.recipe, quantization="none"))
+        reason = refusal(served)
+        return reason if reason and refusal(plain) is None else None
 
 
 def _deployed_caching(cand: Candidate, engine: str) -> bool:

@@ -250,3 +250,20 @@ def test_a_server_whose_starter_is_killed_does_not_live_on(tmp_path, paused, noh
     starter.send_signal(signal.SIGKILL if paused else signal.SIGTERM)
     starter.wait()
     assert wait_for(lambda: group(pgid) == [], 10)      # ended, and reaped by init
+
+
+def test_a_server_that_dies_names_the_first_error_it_logged_not_only_its_wrappers(tmp_path):
+    """vLLM's defaults on this machine died with 'RuntimeError: Engine core initialization failed' in the log's
+    tail; its cause ('ValueError: Available memory on node 0 ...') came first. The one-line reason carries it."""
+    from experiments.serving.server_process import Ended
+
+    log = tmp_path / "server.log"
+    log.write_text("INFO starting\nTraceback (most recent call last):\n  File \"cpu_worker.py\", line 83\n"
+                   "ValueError: Available memory on node 0 (20.57/23.54 GiB) on startup is less than desired\n"
+                   "RuntimeError: Engine core initialization failed. See root cause above.\n")
+    text = Ended(1, ("RuntimeError: Engine core initialization failed. See root cause above.",), log).describe(
+        " during start-up")
+    assert text.startswith("the server exited with code 1 during start-up (ValueError: Available memory on node 0 "
+                           "(20.57/23.54 GiB) on startup is less than desired); the last lines of its log")
+    log.write_text("INFO fine\n")
+    assert Ended(3, ("INFO fine",), log).describe().startswith("the server exited with code 3; the last lines")

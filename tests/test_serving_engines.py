@@ -114,7 +114,10 @@ def test_the_swap_serves_the_champions_precision_with_continuous_batching():
     assert (served.engine, served.precision, served.batching, served.max_batch, served.prefix_caching) == \
         ("vllm", "fp32", "continuous", 16, True)
     assert "already runs in vllm" in swap.check(CPU, swap.apply(ort))
-    assert "vLLM quantizes to fp8 on a GPU here" in swap.check(CPU, candidate(engine="onnxruntime", quantization="int8"))
+    # an int8 champion: vLLM's CPU build cannot quantize, so it enters with the unquantized weights, saying so
+    assert swap.check(CPU, candidate(engine="onnxruntime", quantization="int8")) is None
+    assert "vLLM quantizes to fp8 on a GPU here" in swap.decision
+    assert swap.apply(candidate(engine="onnxruntime", quantization="int8")).recipe.quantization == "none"
     q8 = ServingEngineSwap("llama.cpp").apply(candidate(engine="onnxruntime", quantization="int8"))
     assert ServingEngineSwap("llama.cpp").check(CPU, candidate(engine="onnxruntime", quantization="int8")) is None
     assert q8.recipe.quantization == "int8"                                  # served as Q8_0
@@ -379,3 +382,23 @@ def test_a_failures_one_line_reason_keeps_what_failed_and_the_cause_not_only_a_c
                            "refused /m") and line.endswith(" … AssertionError")
     assert exception_line(ValueError("one line")) == "ValueError: one line"
     assert exception_line(AssertionError()) == "AssertionError"
+
+
+def test_swaps_after_a_llama_cpp_default_champion_enter_where_they_can_run():
+    """A serving ladder's first champion may be llama-server with its defaults (a Q8_0, 4 slots, its prompt cache):
+    ONNX Runtime then starts from an in-process recipe at that precision (it refused the server's prefix cache),
+    and vLLM, which cannot serve int8 on a CPU, enters with the unquantized weights, saying so."""
+    from optimizers.engine_defaults import EngineDefaults
+    from optimizers.onnxruntime_engine import OnnxRuntimeSwap
+
+    default = EngineDefaults("llama.cpp").apply(candidate())
+    ort = OnnxRuntimeSwap()
+    assert ort.check(CPU, default) is None
+    r = ort.apply(default).recipe
+    assert (r.engine, r.quantization, r.batching, r.max_batch, r.prefix_caching, r.defaults) == \
+        ("onnxruntime", "int8", "none", 1, False, False)
+    vllm = ServingEngineSwap("vllm", max_num_seqs=16)
+    assert vllm.check(CPU, default) is None
+    assert vllm.apply(default).recipe.quantization == "none"
+    assert "vLLM quantizes to fp8 on a GPU here" in vllm.decision and "unquantized weights at fp32" in vllm.decision
+    assert "fp8 on a GPU" in refusal(candidate(engine="vllm", quantization="int8"))      # the refusal stands alone

@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import http.client
 import os
+import re
 import shutil
 import signal
 import socket
@@ -63,7 +64,8 @@ class Ended:
 
     def describe(self, when: str = "") -> str:
         how = f"died of {_signal_name(-self.code)}" if self.code < 0 else f"exited with code {self.code}"
-        return f"the server {how}{when}; {_tail_text(self.last_lines, self.log_path)}"
+        cause = _first_error(self.log_path)
+        return f"the server {how}{when}{f' ({cause})' if cause else ''}; {_tail_text(self.last_lines, self.log_path)}"
 
 
 class ServerProcess:
@@ -271,6 +273,22 @@ def _last_lines(log_path: Path, n: int = LOG_TAIL_LINES) -> tuple[str, ...]:
     except OSError:
         return ()
     return tuple(line.rstrip()[:300] for line in text.splitlines() if line.strip())[-n:]
+
+
+ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (\S.*)")
+
+
+def _first_error(log_path: Path) -> str | None:
+    """The first `SomethingError: message` in the log: a server that dies at start-up raises its cause first and
+    wraps it in less telling errors after (vLLM: 'ValueError: Available memory ...', then 'RuntimeError: Engine core
+    initialization failed'), and the log's tail holds only the wrappers."""
+    try:
+        with open(log_path, "rb") as f:
+            text = f.read(4 * 2**20).decode(errors="replace")
+    except OSError:
+        return None
+    found = ERROR_LINE.search(text)
+    return f"{found.group(1)}: {found.group(2)[:300].rstrip()}" if found else None
 
 
 def _tail_text(lines: tuple[str, ...], log_path: Path) -> str:
