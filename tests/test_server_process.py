@@ -258,8 +258,10 @@ def test_a_server_that_dies_names_the_first_error_it_logged_not_only_its_wrapper
     from experiments.serving.server_process import Ended
 
     log = tmp_path / "server.log"
-    log.write_text("INFO starting\nTraceback (most recent call last):\n  File \"cpu_worker.py\", line 83\n"
-                   "ValueError: Available memory on node 0 (20.57/23.54 GiB) on startup is less than desired\n"
+    log.write_text("INFO starting\n(APIServer) WARNING [system_utils.py:255] Found ulimit of 20000: this can cause fd "
+                   "limit errors like `OSError: [Errno 24] Too many open files`.\nTraceback (most recent call last):\n"
+                   "  File \"cpu_worker.py\", line 83\n(VllmWorker-0) ERROR [multiproc_executor.py:953] ValueError: "
+                   "Available memory on node 0 (20.57/23.54 GiB) on startup is less than desired\n"
                    "RuntimeError: Engine core initialization failed. See root cause above.\n")
     text = Ended(1, ("RuntimeError: Engine core initialization failed. See root cause above.",), log).describe(
         " during start-up")

@@ -275,7 +275,8 @@ def _last_lines(log_path: Path, n: int = LOG_TAIL_LINES) -> tuple[str, ...]:
     return tuple(line.rstrip()[:300] for line in text.splitlines() if line.strip())[-n:]
 
 
-ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (\S.*)")
+# an exception's own line: at the line's start, or after a logger's "[file:line] " prefix (not one quoted in a warning)
+ERROR_LINE = re.compile(r"(?:^|\] )([A-Z]\w*(?:Error|Exception)): (\S.*)", re.MULTILINE)
 
 
 def _first_error(log_path: Path) -> str | None:
