@@ -73,14 +73,30 @@ def test_the_line_names_the_champion_against_the_best_default(monkeypatch):
     llama = outcome("llama_cpp_defaults", "accepted", 120, EngineDefaults("llama.cpp").apply(BASE))
     int8 = outcome("int8", "accepted", 160)
     sweep = SimpleNamespace(cfg=SimpleNamespace(gate=SimpleNamespace(confidence=0.95)))
-    assert versus.versus_defaults([llama], llama, sweep, 8) == (
-        "champion vs best default: the champion is llama_cpp_defaults itself; no rung climbed past it")
+    assert versus.versus_defaults([llama], llama, sweep, 8) == versus.Versus(
+        "champion vs best default: the champion is llama_cpp_defaults itself; no rung climbed past it", llama)
     rounds = {"tokens": np.array([1.31, 1.28, 1.35, 1.30, 1.26, 1.33, 1.29, 1.32]),
               "tpot": np.array([0.95, 0.97, 0.93, 0.96, 0.94, 0.98, 0.95, 0.96])}
     monkeypatch.setattr(versus, "_side_by_side", lambda *a: (rounds, 8))
-    line = versus.versus_defaults([llama, int8], int8, sweep, 8)
-    assert line.startswith("champion vs best default (llama_cpp_defaults): ×1.30 [") and "tokens/s at c=8" in line
+    result = versus.versus_defaults([llama, int8], int8, sweep, 8)
+    line = result.line
+    assert result.champion is int8 and line.startswith("champion vs best default (llama_cpp_defaults): ×1.30 [") and "tokens/s at c=8" in line
     assert "TPOT ×0.95 [" in line and "(8 interleaved rounds)" in line
     monkeypatch.setattr(versus, "_side_by_side", lambda *a: (rounds, 3))
-    assert "undecided, 3 rounds" in versus.versus_defaults([llama, int8], int8, sweep, 8)
-    assert versus.versus_defaults([int8], int8, sweep, 8) == ""          # no default in this ladder: no line
+    assert "undecided, 3 rounds" in versus.versus_defaults([llama, int8], int8, sweep, 8).line
+    assert versus.versus_defaults([int8], int8, sweep, 8) == versus.Versus("", int8)   # no default: no line
+
+
+def test_a_champion_that_serves_surely_less_than_a_default_gives_way_to_it(monkeypatch):
+    """ONNX Runtime INT8 passed llama-server's defaults on mean E2E at c=8 in short rounds (0.902 [0.880, 0.925])
+    and served 0.88 [0.86, 0.91] of its tokens/s side by side: the sweep ends on the default."""
+    llama = outcome("llama_cpp_defaults", "accepted", 75, EngineDefaults("llama.cpp").apply(BASE))
+    ort = outcome("onnxruntime", "accepted", 70)
+    sweep = SimpleNamespace(cfg=SimpleNamespace(gate=SimpleNamespace(confidence=0.95)))
+    slower = {"tokens": np.array([0.88, 0.86, 0.90, 0.87, 0.89, 0.88, 0.91, 0.86]), "tpot": np.full(8, 0.3)}
+    monkeypatch.setattr(versus, "_side_by_side", lambda *a: (slower, 8))
+    result = versus.versus_defaults([llama, ort], ort, sweep, 8)
+    assert result.champion is llama and "which is therefore the champion" in result.line
+    tied = {"tokens": np.array([0.95, 1.04, 0.99, 1.02, 0.97, 1.01, 0.98, 1.03]), "tpot": np.full(8, 0.3)}
+    monkeypatch.setattr(versus, "_side_by_side", lambda *a: (tied, 8))
+    assert versus.versus_defaults([llama, ort], ort, sweep, 8).champion is ort       # not shown slower: it stays

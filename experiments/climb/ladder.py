@@ -54,22 +54,24 @@ def run_sweep(cfg: DictConfig, ui) -> SweepResult:
         _record_start(resume, why, sweep, outcomes, top)
         _tag_start(load, not_applicable, sweep.scorer)
         champion = _climb_rungs(rungs, outcomes, sweep, book, keys, stop, top)
-        versus = _versus_defaults(outcomes, champion, sweep, top)
+        versus, champion = _versus_defaults(outcomes, champion, sweep, top)
         _record_end(outcomes, champion, sweep, f"ROI ladder: {sweep.target.name}, sweep {sweep_id}", top, versus)
     book.finish("finished")     # after the parent run ended: a kill before this redoes only the closing steps
     return replace(_result(sweep, parent.info.run_id, f"sweep-{sweep_id}", outcomes, champion),
                    versus_defaults=versus)
 
 
-def _versus_defaults(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: Sweep, top: int) -> str:
-    """versus_defaults' line, tagged on the sweep's run; a measurement that fails says so and ends nothing."""
+def _versus_defaults(outcomes: list[RungOutcome], champion: RungOutcome | None, sweep: Sweep,
+                     top: int) -> tuple[str, RungOutcome | None]:
+    """(versus_defaults' line, tagged on the sweep's run; the champion after it). A measurement that fails says so
+    and ends nothing: the ladder's champion stands."""
     try:
-        line = versus_defaults(outcomes, champion, sweep, top)
+        versus = versus_defaults(outcomes, champion, sweep, top)
     except Exception as exc:  # the sweep's verdicts stand without it
-        line = f"champion vs best default: not measured ({exception_line(exc)})"
-    if line:
-        tracking.set_tag(Tag.VERSUS_DEFAULTS, line)
-    return line
+        return f"champion vs best default: not measured ({exception_line(exc)})", champion
+    if versus.line:
+        tracking.set_tag(Tag.VERSUS_DEFAULTS, versus.line)
+    return versus.line, versus.champion
 
 
 def _environment(cfg: DictConfig) -> Env:
