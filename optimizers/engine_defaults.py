@@ -18,6 +18,8 @@ DEFAULTS = {
     "llama.cpp": {"quantization": "int8", "max_batch": 4},       # served from a Q8_0 made from the weights
     "vllm": {"precision": "bf16", "max_batch": 256},
 }
+STARTED_AS = {"llama.cpp": "llama-server -m <a Q8_0 GGUF of the target's weights>",
+              "vllm": "vllm serve <the target's folder>"}
 
 
 class EngineDefaults(Optimizer):
@@ -35,12 +37,8 @@ class EngineDefaults(Optimizer):
         defaults = self.apply(cand)
         if reason := refusal(defaults):
             return reason
-        self.decision = f"{self.engine} started as its users start it: {self.started_as()}"
+        self.decision = f"{self.engine} started as its users start it: {STARTED_AS[self.engine]}"
         return None
-
-    def started_as(self) -> str:
-        return {"llama.cpp": "llama-server -m <a Q8_0 GGUF of the target's weights>",
-                "vllm": "vllm serve <the target's folder>"}[self.engine]
 
     def apply(self, cand: Candidate) -> Candidate:
         recipe = Recipe(engine=self.engine, execution_provider=cand.recipe.execution_provider,

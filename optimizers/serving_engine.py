@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from experiments.core.recipe import Candidate, Env
 from experiments.core.reports import peak_in_flight
-from experiments.serving import engine_class, fixed_kv_budget, refusal
+from experiments.serving import engine_class, refusal
 from optimizers.base import SERVING_ENGINES, Optimizer
 
 
@@ -60,18 +60,18 @@ class ServingEngineSwap(Optimizer):
         recipe = cand.recipe
         if recipe.engine == self.engine:
             return f"the champion already runs in {self.engine}"
-        served = self.apply(cand)
+        served, cannot = self._entered(cand)
         if reason := refusal(served):
             return reason
         self.decision = self._why(served) + (f"; {cannot}: it enters with the unquantized weights at "
-                                             f"{served.recipe.precision}" if (cannot := self._unquantized(cand)) else "")
+                                             f"{served.recipe.precision}" if cannot else "")
         return None
 
     def sequences(self, served: Candidate) -> int:
         """The batch `served` (this rung's candidate, before sizing) enters with."""
         if not self.size_to_load or self.peak is None:
             return self.max_num_seqs
-        return max(self.max_num_seqs, self.peak) if _fixed_budget(served) else self.peak
+        return max(self.max_num_seqs, self.peak) if _engine_says(served, "fixed_kv_budget") else self.peak
 
     def _why(self, served: Candidate) -> str:
         seqs = served.recipe.max_batch
@@ -80,47 +80,36 @@ class ServingEngineSwap(Optimizer):
         if self.peak is None:
             return f"{self.engine} enters with {seqs} requests at once: {self.peak_from} to size it to"
         load = f"the load peaks at {self.peak} requests in flight ({self.peak_from})"
-        if _fixed_budget(served):
+        if _engine_says(served, "fixed_kv_budget"):
             kept = "keeps its" if seqs == self.max_num_seqs else "grows its"
             return f"{load}: {self.engine}, whose KV pool is a fixed budget, {kept} batch of {seqs}"
         return f"{load}: {self.engine} enters with {seqs} slots, each with its own KV cache"
 
     def apply(self, cand: Candidate) -> Candidate:
-        # torch-only settings do not carry over; the server schedules its own continuous batch. Precision and
-        # quantization do: llama.cpp makes Q8_0 / Q4_K_M from the target's weights for an int8 / int4 champion,
-        # an engine that cannot quantize so says why.
+        return self._entered(cand)[0]
+
+    def _entered(self, cand: Candidate) -> tuple[Candidate, str | None]:
+        """(this rung's candidate; why it enters with the weights unquantized, or None). Torch-only settings do
+        not carry over; the server schedules its own continuous batch, its caches as deployed. Precision and
+        quantization do: llama.cpp makes Q8_0 / Q4_K_M from the target's weights for an int8 / int4 champion; an
+        engine that cannot serve the champion's quantization but can serve its weights unquantized (vLLM's CPU
+        build after a llama.cpp Q8_0 champion) gets them so, and says why; any other refusal is the engine's."""
         served = cand.edited(self.name, engine=self.engine, compile="none", cuda_graph=False, batching="continuous",
                              max_batch=self.max_num_seqs, max_tokens_per_step=self.max_num_batched_tokens,
-                             prefix_caching=_deployed_caching(cand, self.engine),
                              tensor_parallel=self.tensor_parallel, pipeline_parallel=self.pipeline_parallel)
-        served = replace(served, recipe=replace(served.recipe, max_batch=self.sequences(served)))
-        if self._unquantized(cand):
-            served = replace(served, recipe=replace(served.recipe, quantization="none"))
-        return served
-
-    def _unquantized(self, cand: Candidate) -> str | None:
-        """Why this engine cannot serve the champion's quantization, where it can serve its weights unquantized
-        (vLLM's CPU build after a llama.cpp Q8_0 champion); None otherwise, the refusal then being the engine's."""
-        if cand.recipe.quantization == "none":
-            return None
-        served = cand.edited(self.name, engine=self.engine, compile="none", cuda_graph=False, batching="continuous",
-                             max_batch=self.max_num_seqs)
+        served = replace(served, recipe=replace(served.recipe, max_batch=self.sequences(served),
+                                                prefix_caching=_engine_says(served, "caches_prefixes_by_default")))
+        cannot = refusal(served) if served.recipe.quantization != "none" else None
         plain = replace(served, recipe=replace(served.recipe, quantization="none"))
-        reason = refusal(served)
-        return reason if reason and refusal(plain) is None else None
+        if cannot and refusal(plain) is None:
+            return plain, cannot
+        return served, None
 
 
-def _deployed_caching(cand: Candidate, engine: str) -> bool:
-    """Whether `engine` caches prompts or prefixes as its users start it (ServedEngine.caches_prefixes_by_default)."""
+def _engine_says(served: Candidate, attribute: str) -> bool:
+    """A class attribute of the engine that builds `served` (ServedEngine.fixed_kv_budget,
+    caches_prefixes_by_default); False where no engine builds it, which refusal() then says."""
     try:
-        return getattr(engine_class(replace(cand, recipe=replace(cand.recipe, engine=engine))),
-                       "caches_prefixes_by_default", False)
-    except ValueError:      # no such engine for the target's kind: refusal() says so
-        return False
-
-
-def _fixed_budget(served: Candidate) -> bool:
-    try:
-        return fixed_kv_budget(served)
-    except ValueError:      # no such engine for the target's kind: refusal() says so
+        return bool(getattr(engine_class(served), attribute, False))
+    except ValueError:
         return False

@@ -38,7 +38,7 @@ def best_default(outcomes: list[RungOutcome], top: int) -> tuple[RungOutcome | N
     other default does not count)."""
     kept, left_out = [], []
     for o in outcomes:
-        if not is_default(o) or o.verdict.status in ("skipped",):
+        if not is_default(o) or o.verdict.status == "skipped":
             continue
         lost = [c.name for c in o.verdict.criteria if c.name.split(":")[0] in KEPT and not c.passed]
         if o.bench is None:
