@@ -87,8 +87,12 @@ TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 XDIST_ENV = $(if $(filter 0,$(TEST_WORKERS)),,OMP_WAIT_POLICY=PASSIVE)
 
+# Tests marked `alone` assert a verdict that depends on speed: they run after the parallel phase, with the machine
+# to themselves (the SmolLM2 sweep's ONNX Runtime swap was rejected at 1.28x while the other worker's sweep used
+# both cores). Exit 5 (no such test among PYTEST_ARGS) is not a failure.
 test: setup browser
-	$(XDIST_ENV) $(BIN)/python -m pytest -v $(XDIST) --durations=25 $(PYTEST_ARGS)
+	$(XDIST_ENV) $(BIN)/python -m pytest -v $(XDIST) -m "not alone" --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -v -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # Debian's Chromium for the UI check (tests/test_ui_check.py; ~15 s from the mirror here), when apt and root are
 # at hand; without it that one test skips and says why.

@@ -11,7 +11,7 @@ from conftest import REPO, SHARED_CACHE
 from mlflow.tracking import MlflowClient
 from verdicts import assert_decided
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]     # asserts a speed verdict: measured with the machine to itself
 
 SHORT = ["benchmark.concurrency=[1]", "benchmark.min_requests=4", "benchmark.min_duration_s=0.5",
          "target.workload.prompts=8", "target.workload.output_tokens=[8]", "target.workload.input_tokens=[16,48]",
