@@ -82,13 +82,18 @@ def test_llama_server_serves_smollm2_as_torch_computes_it(smollm2, torch_engine,
     assert our_processes() <= before
 
 
-def test_q8_0_is_made_from_the_same_weights_and_stays_close(smollm2, torch_engine, tmp_path):
-    engine = build_engine(Candidate(smollm2, Recipe(engine="llama.cpp", quantization="int8")), 2, tmp_path)
+@pytest.mark.parametrize("quantization, weight_format, size, max_kl", [("int8", "", 0.4, 0.05),
+                                                                        ("int4", "Q4_0", 0.25, 0.5)])
+def test_quantized_ggufs_are_made_from_the_same_weights_and_stay_close(smollm2, torch_engine, tmp_path,
+                                                                       quantization, weight_format, size, max_kl):
+    recipe = Recipe(engine="llama.cpp", quantization=quantization, weight_format=weight_format)
+    engine = build_engine(Candidate(smollm2, recipe), 2, tmp_path)
     try:
-        assert engine.weight_bits() == 8.5 and engine.gguf.stat().st_size < 0.4 * 4 * 134e6
+        # Q8_0: 8.5 bits a weight, Q4_0: 4.5 (a scale per block of 32); the fp32 file is 4 x 134 M bytes
+        assert engine.gguf.stat().st_size < size * 4 * 134e6
         window = tuple(range(1000, 1040))
         drift = BaselineLogprobs.record(torch_engine, [window]).compare(engine)
-        assert drift.kl_mean < 0.05 and np.isfinite(drift.ppl_ratio)
+        assert drift.kl_mean < max_kl and np.isfinite(drift.ppl_ratio)
     finally:
         engine.close()
 

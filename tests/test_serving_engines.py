@@ -10,15 +10,19 @@ import numpy as np
 import pytest
 from scipy.special import log_softmax
 
+from experiments.climb.contender import numerics_key
 from experiments.core.recipe import Candidate, Env, Recipe, Target
 from experiments.judge.fidelity import TopLogprobs, kl_per_position, predicting
 from experiments.serving import engine_class, refusal
+from experiments.serving.backends.llama_cpp.causal_lm import gguf_type
 from experiments.serving.backends.vllm.causal_lm import VllmEngine, command
 from experiments.serving.environments import EngineEnvironment, EngineUnavailable
+from optimizers.engine_defaults import EngineDefaults
 from optimizers.half_precision import HalfPrecision
 from optimizers.prefix_caching import PrefixCaching
 from optimizers.quantization import WeightQuantization
 from optimizers.serving_engine import ServingEngineSwap
+from optimizers.weight_format import WeightFormat
 
 CPU = Env(cuda=False, cuda_capability=None, cpu_count=2)
 GPU = Env(cuda=True, cuda_capability=(9, 0), cpu_count=16)
@@ -278,6 +282,26 @@ def test_the_llama_cpp_swap_and_its_quantization_rungs():
     assert WeightQuantization("int8").check(CPU, served) is None        # Q8_0 by llama-quantize
     assert WeightQuantization("int4").check(CPU, served) is None        # Q4_K_M
     assert "already runs in llama.cpp" in swap.check(CPU, served)
+
+
+def test_repacked_4bit_formats_are_llama_cpps_own_and_made_from_any_llama_cpp_champion():
+    defaults = EngineDefaults("llama.cpp").apply(candidate())               # Q8_0, as its users start it
+    q4_0, iq4_nl = WeightFormat("Q4_0"), WeightFormat("IQ4_NL")
+    assert (q4_0.name, iq4_nl.name) == ("q4_0", "iq4_nl")
+    assert q4_0.check(CPU, defaults) is None and iq4_nl.check(CPU, defaults) is None
+    made = q4_0.apply(defaults)
+    assert gguf_type(made.recipe) == "Q4_0" and made.recipe.quantization == "int4" and not made.recipe.defaults
+    assert gguf_type(iq4_nl.apply(made).recipe) == "IQ4_NL"
+    assert q4_0.check(CPU, made) == "the champion's weights are already Q4_0"
+    assert gguf_type(Recipe(quantization="int8", weight_format="Q4_0")) is None   # a format is one quantization's
+    assert "serves no Q4_0 weights" in q4_0.check(CPU, candidate(engine="onnxruntime"))
+    assert "serves no Q4_0 weights" in q4_0.check(CPU, ServingEngineSwap("vllm").apply(candidate()))
+    with pytest.raises(ValueError, match="format must be one of"):
+        WeightFormat("Q5_K")
+    # each format's accuracy and fidelity are its own: the score cache keeps them apart (a sweep once gave IQ4_NL
+    # Q4_0's scores), and a KV cache in q8_0 apart from the champion's
+    assert numerics_key(made) != numerics_key(iq4_nl.apply(made))
+    assert numerics_key(defaults) != numerics_key(defaults.edited("kv_cache_dtype", kv_cache_dtype="int8"))
 
 
 @pytest.mark.parametrize("engine, says", [("sglang", "SGLang serves on a CUDA device"),

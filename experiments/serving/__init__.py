@@ -35,6 +35,9 @@ def refusal(cand: Candidate) -> str | None:
         return str(no_engine)
     if not issubclass(cls, ServedEngine) and (reason := served_only(cand.recipe)):
         return reason
+    formats = getattr(cls, "weight_formats", ())   # ServedEngine.weight_formats
+    if (fmt := cand.recipe.weight_format) and fmt not in formats:
+        return f"{cls.name} serves no {fmt} weights (its formats to choose: {', '.join(formats) or 'none'})"
     return cls.refuses(cand)
 
 

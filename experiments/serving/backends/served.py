@@ -40,6 +40,8 @@ class ServedEngine(Engine):
     # its prompt or prefix cache is on when started as its users start it: the swap enters with it on (as deployed;
     # the load never repeats a prompt unless the workload does, so the cache cannot flatter the engine)
     caches_prefixes_by_default = False
+    # the recipe's weight_format values it serves, beside its usual one per quantization
+    weight_formats: tuple[str, ...] = ()
 
     def __init__(self, cand: Candidate, threads: int, artefact_root: Path, *, host: str = "127.0.0.1",
                  port: int | None = None):

@@ -2,7 +2,8 @@
 itself), served by the native server built here (build.py).
 
 The recipe maps onto llama.cpp's own settings: precision -> the GGUF's type (F32, BF16, F16); quantization int8 ->
-Q8_0, int4 -> Q4_K_M, made from the user's own weights by llama-quantize; continuous batching's max_batch ->
+Q8_0, int4 -> Q4_K_M, or the weight_format named (Q4_0, IQ4_NL: types whose blocks its CPU backend repacks at
+load for AVX2 / AVX-512 kernels), made from the user's own weights by llama-quantize; continuous batching's max_batch ->
 --parallel (slots), its max_tokens_per_step -> --batch-size and --ubatch-size (tokens one decode call carries;
 0: llama.cpp's defaults); prefix_caching -> its prompt cache and its host-memory copies of past prompts
 (--cache-ram, capped at its default 8 GiB), on as llama-server starts and as the swap enters (the load sends no
@@ -33,12 +34,17 @@ from experiments.serving.server_metrics import LLAMA_CPP
 
 GGUF_TYPES = {("fp32", "none"): "f32", ("bf16", "none"): "bf16", ("fp16", "none"): "f16"}
 QUANTIZED = {"int8": "Q8_0", "int4": "Q4_K_M"}
+# int4 weight formats beside Q4_K_M, and bits per weight of each type (a block's scales included)
+FORMATS = {"Q4_0": "int4", "IQ4_NL": "int4"}
+BITS = {"f32": 32.0, "bf16": 16.0, "f16": 16.0, "Q8_0": 8.5, "Q4_K_M": 4.5, "Q4_0": 4.5, "IQ4_NL": 4.5}
 FORCE = 1000.0              # a logit bias no other token overcomes
 MAX_CONTEXT = 2048          # tokens per slot: the workload's prompts and outputs fit well within it
 CACHE_RAM_MIB = 8192        # llama-server's --cache-ram default: the cap of its host-memory prompt cache
 
 
 def gguf_type(recipe) -> str | None:
+    if recipe.weight_format:
+        return recipe.weight_format if FORMATS.get(recipe.weight_format) == recipe.quantization else None
     if recipe.quantization in QUANTIZED:
         return QUANTIZED[recipe.quantization]
     return GGUF_TYPES.get((recipe.precision, recipe.quantization))
@@ -48,6 +54,7 @@ class LlamaCppEngine(ServedEngine):
     name = "llama.cpp"
     metric_names = LLAMA_CPP
     caches_prefixes_by_default = True   # cache_prompt, and --cache-ram's host-memory copies of past prompts
+    weight_formats = tuple(FORMATS)
 
     @classmethod
     def refuses(cls, cand: Candidate) -> str | None:
@@ -57,8 +64,9 @@ class LlamaCppEngine(ServedEngine):
         if r.compile != "none" or r.cuda_graph:
             return "torch.compile and CUDA graphs are the torch engine's; llama.cpp runs its own kernels"
         if gguf_type(r) is None:
-            return (f"no GGUF type for precision {r.precision} with quantization {r.quantization} (llama.cpp here: "
-                    f"fp32, bf16, fp16, or int8 -> Q8_0 and int4 -> Q4_K_M from fp32 weights)")
+            return (f"no GGUF type for precision {r.precision} with quantization {r.quantization}"
+                    f"{' as ' + r.weight_format if r.weight_format else ''} (llama.cpp here: fp32, bf16, fp16, or "
+                    f"int8 -> Q8_0 and int4 -> Q4_K_M, Q4_0 or IQ4_NL from fp32 weights)")
         if r.batching in ("static", "dynamic"):
             return "llama-server batches continuously over its slots; its batching rung is server_batching"
         if r.kv_cache_dtype not in ("auto", "int8"):
@@ -104,7 +112,7 @@ class LlamaCppEngine(ServedEngine):
         return float(CACHE_RAM_MIB) if self.recipe.prefix_caching else None
 
     def weight_bits(self) -> float:
-        return {"f32": 32.0, "bf16": 16.0, "f16": 16.0, "Q8_0": 8.5, "Q4_K_M": 4.5}[gguf_type(self.recipe)]
+        return BITS[gguf_type(self.recipe)]
 
     # --- what the server answers ------------------------------------------------------------------------
     def generate(self, prompt_ids: list[int], max_new_tokens: int):
