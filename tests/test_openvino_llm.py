@@ -4,14 +4,11 @@ import numpy as np
 import pytest
 
 from experiments.core.recipe import Candidate, Env, Recipe
+from experiments.serving import build_engine
+from experiments.serving.backends.openvino.causal_lm import OpenVinoCausalLM
 from optimizers.baseline import EagerBaseline
 from optimizers.openvino_engine import OpenVinoSwap
 from optimizers.quantization import WeightQuantization
-
-pytest.importorskip("openvino")
-pytest.importorskip("nncf")
-from experiments.serving import build_engine  # noqa: E402
-from experiments.serving.backends.openvino.causal_lm import OpenVinoCausalLM  # noqa: E402
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["def __init__(self, name):\n", "import os\nimport sys\n\n", "    for i in range(len(items)):\n"]
