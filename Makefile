@@ -102,8 +102,10 @@ browser:
 		  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		    chromium; } > /tmp/roi-ladder-chromium.log 2>&1 || echo "chromium did not install: see /tmp/roi-ladder-chromium.log"; }
 
+# The fast tier (~3 min here): everything that builds or loads no model and runs no sweep (settings, statistics,
+# the gate on synthetic rounds, the ladder's order and table, validation, bad input, the ledger, processes).
 test-fast: setup
-	$(XDIST_ENV) $(BIN)/python -m pytest -v $(XDIST) -m "not slow" $(PYTEST_ARGS)
+	$(XDIST_ENV) $(BIN)/python -m pytest -q $(XDIST) -m "not slow and not builds" $(PYTEST_ARGS)
 
 # Benchmarks, not tests: ratios measured side by side in one run (numbers vary with the machine's load).
 bench: setup

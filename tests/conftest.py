@@ -12,8 +12,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parent.parent
 CONF_DIR = str(REPO / "conf")
-# Tests share the built model and engine artefacts with `make sweep` (content-hashed, so sharing is safe).
-SHARED_CACHE = Path(os.environ.get("ROI_LADDER_TEST_CACHE", REPO / ".roi" / "cache"))
+# Built models and engine artefacts the tests share: in the user's cache beside the engines' builds, so that they
+# outlive a checkout (a fresh clone's second run trains no tiny-llm), keyed by what made them, the code included.
+SHARED_CACHE = Path(os.environ.get("ROI_LADDER_TEST_CACHE")
+                    or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "roi-ladder" / "test-cache")
 
 
 @pytest.fixture(autouse=True)
@@ -45,6 +47,8 @@ def pytest_sessionstart(session):
     """Under pytest-xdist, the built-in model is built here, before the workers start: its training, sharing
     2 cores with another worker's sweeps, took 30 minutes instead of 6."""
     config = session.config
+    if "not builds" in (config.option.markexpr or ""):
+        return
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         print(f"\nthe built-in model, before the workers start: {built_model()}", flush=True)
         if "not slow" not in (config.option.markexpr or ""):
@@ -80,11 +84,19 @@ def tiny_target(model_dir):
 # so that no long file starts last and keeps one worker busy alone. The first runs beside the built model's training
 # (minutes on first use); the four after it need no tiny-llm and fill the other worker meanwhile.
 LONGEST_FIRST = ("test_sweep_e2e", "test_smollm2_sweep", "test_sweep_minilm", "test_own_model_sweep", "test_vllm",
-                 "test_gpu_extra",
+                 "test_gpu_extra", "test_llama_cpp",
                  "test_resilience", "test_launchers", "test_contamination", "test_ui_check", "test_distillation",
                  "test_architectures", "test_rungs_real")
 
 
+# Fixtures that build or load a model (or need one built): a test using any of them, directly or through another
+# fixture, is marked `builds`, so that `make test-fast` (-m "not slow and not builds") runs without building any.
+BUILDING = {"model_dir", "tiny_target", "smollm2", "minilm", "folder", "llama", "qwen", "torch_engine"}
+
+
 def pytest_collection_modifyitems(items):
+    for item in items:
+        if BUILDING & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.builds)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))     # stable: the rest keep their order

@@ -218,6 +218,21 @@ def test_a_corrupted_cached_artefact_is_detected_by_checksum_and_rebuilt(tmp_pat
     assert cached(tmp_path, "ort-fp32", {"k": 1}, build, notes.append) == (first, False) and len(notes) == 2
 
 
+def test_an_artefact_made_by_changed_code_is_made_again(tmp_path, monkeypatch):
+    """The test cache outlives checkouts: the same recipe built by another version of its builder's module is
+    another artefact, not the old one reused."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folders = []
+    for version in (1, 2):
+        (tmp_path / f"builder_v{version}.py").write_text(
+            f"VERSION = {version}\n\ndef build(folder):\n    (folder / 'model.bin').write_text(str(VERSION))\n")
+        module = __import__(f"builder_v{version}")
+        folders.append(cached(tmp_path / "cache", "ort-fp32", {"k": 1}, module.build, print))
+    (v1, reused1), (v2, reused2) = folders
+    assert v1 != v2 and not reused1 and not reused2
+    assert (v1 / "model.bin").read_text() == "1" and (v2 / "model.bin").read_text() == "2"
+
+
 # --- issue 20: types and ranges, one boundary, no secret printed, no champion is a failure --------------------
 def numeric_leaves(node, prefix: str = ""):
     for key, value in node.items():

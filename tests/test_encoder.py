@@ -18,6 +18,7 @@ from experiments.targets.models.minilm import RetrievalSet, model_dir
 from experiments.targets.resolve import check_source
 from experiments.targets.workload import Workload
 
+pytestmark = pytest.mark.builds      # every test here loads the real MiniLM
 CPU = Env(cuda=False, cuda_capability=None, cpu_count=2)
 SENTENCES = ["The quick brown fox jumps over the lazy dog.", "Return the absolute value of a number.",
              "Open file and return a corresponding file object. If the file cannot be opened, an OSError is raised.",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,9 +27,19 @@ def model_identity(model_dir: Path):
     return json.loads(manifest.read_text()) if manifest.exists() else str(model_dir)
 
 
+def builder_digest(build: Callable) -> str:
+    """The source of the module that defines `build`: an artefact cache outlives checkouts (tests keep theirs in
+    the user's cache), so a change to the code that makes an artefact must make a new one."""
+    module = sys.modules.get(getattr(build, "__module__", "") or "")
+    source = Path(module.__file__).read_bytes() if module and getattr(module, "__file__", None) else b""
+    return hashlib.sha256(source).hexdigest()[:16]
+
+
 def cached(root: Path, prefix: str, recipe: dict, build: Callable[[Path], None],
            note: Callable[[str], None] = log.warning) -> tuple[Path, bool]:
-    """(folder, reused): `root/<prefix>-<hash of recipe>`, built by `build(folder)` once (experiments/core/cache.py)."""
-    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    """(folder, reused): `root/<prefix>-<hash of recipe and of build's module>`, built by `build(folder)` once
+    (experiments/core/cache.py)."""
+    made_by = {**recipe, "builder": builder_digest(build)}
+    key = hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest()[:12]
     out = Path(root) / f"{prefix}-{key}"
     return out, build_once(out, build, "cached artefact", note)

@@ -50,7 +50,9 @@ class TinyLlmRecipe:
         import transformers  # heavy
 
         blob = json.dumps(
-            {"format": BUILD_FORMAT, "recipe": asdict(self), "corpus": corpus.fingerprint, "python": platform.python_version(),
+            # the build's own source too: the test cache outlives checkouts, and a code change must rebuild
+            {"format": BUILD_FORMAT, "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16],
+             "recipe": asdict(self), "corpus": corpus.fingerprint, "python": platform.python_version(),
              "torch": torch.__version__, "transformers": transformers.__version__,
              "tokenizers": tokenizers.__version__},
             sort_keys=True,
