@@ -27,19 +27,18 @@ def model_identity(model_dir: Path):
     return json.loads(manifest.read_text()) if manifest.exists() else str(model_dir)
 
 
-def builder_digest(build: Callable) -> str:
-    """The source of the module that defines `build`: an artefact cache outlives checkouts (tests keep theirs in
-    the user's cache), so a change to the code that makes an artefact must make a new one."""
-    module = sys.modules.get(getattr(build, "__module__", "") or "")
-    source = Path(module.__file__).read_bytes() if module and getattr(module, "__file__", None) else b""
-    return hashlib.sha256(source).hexdigest()[:16]
+def source_digest(obj) -> str:
+    """A digest of the source file of the module that defines `obj` (a builder function, a build recipe's class):
+    caches outlive checkouts (tests keep theirs in the user's cache), so changed code must make a new artefact."""
+    path = getattr(sys.modules.get(getattr(obj, "__module__", None)), "__file__", None)
+    return hashlib.sha256(Path(path).read_bytes() if path else b"").hexdigest()[:16]
 
 
 def cached(root: Path, prefix: str, recipe: dict, build: Callable[[Path], None],
            note: Callable[[str], None] = log.warning) -> tuple[Path, bool]:
     """(folder, reused): `root/<prefix>-<hash of recipe and of build's module>`, built by `build(folder)` once
     (experiments/core/cache.py)."""
-    made_by = {**recipe, "builder": builder_digest(build)}
+    made_by = {**recipe, "builder": source_digest(build)}
     key = hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest()[:12]
     out = Path(root) / f"{prefix}-{key}"
     return out, build_once(out, build, "cached artefact", note)

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from experiments.core.artefacts import source_digest
 from experiments.core.cache import build_once, write_atomic
 from experiments.targets.models.corpus import Corpus, code_lines
 
@@ -50,8 +51,7 @@ class TinyLlmRecipe:
         import transformers  # heavy
 
         blob = json.dumps(
-            # the build's own source too: the test cache outlives checkouts, and a code change must rebuild
-            {"format": BUILD_FORMAT, "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16],
+            {"format": BUILD_FORMAT, "code": source_digest(TinyLlmRecipe),
              "recipe": asdict(self), "corpus": corpus.fingerprint, "python": platform.python_version(),
              "torch": torch.__version__, "transformers": transformers.__version__,
              "tokenizers": tokenizers.__version__},

@@ -66,7 +66,7 @@ class LlamaCppEngine(ServedEngine):
         if gguf_type(r) is None:
             return (f"no GGUF type for precision {r.precision} with quantization {r.quantization}"
                     f"{' as ' + r.weight_format if r.weight_format else ''} (llama.cpp here: fp32, bf16, fp16, or "
-                    f"int8 -> Q8_0 and int4 -> Q4_K_M, Q4_0 or IQ4_NL from fp32 weights)")
+                    f"int8 -> Q8_0 and int4 -> {' / '.join((QUANTIZED['int4'], *FORMATS))} from fp32 weights)")
         if r.batching in ("static", "dynamic"):
             return "llama-server batches continuously over its slots; its batching rung is server_batching"
         if r.kv_cache_dtype not in ("auto", "int8"):
