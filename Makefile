@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 # Hydra overrides: `make sweep profile=quick target=tiny-llm` or `make sweep ARGS="gate.min_gain=0.1"`.
 OVERRIDES := $(foreach v,target profile ladder gate benchmark tracking experiment,$(if $($(v)),$(v)=$($(v)))) $(ARGS)
 
-.PHONY: setup browser sweep ui ui-check server-check test test-fast bench bench-gpu gpu-resolve bench-gate bench-agreement promote rollback status serve llama-cpp clean
+.PHONY: setup browser sweep ui ui-check server-check test test-fast bench bench-gpu gpu-resolve bench-gate bench-agreement bench-slo promote soak rollback status serve llama-cpp clean
 setup: $(STAMP)
 
 # pip byte-compiles what it installs on one core (~65 s of a first install here); --no-compile, then compileall on
@@ -62,6 +62,10 @@ REGISTRY_NAME = $(if $(NAME),--name $(NAME))
 
 promote: setup
 	$(BIN)/roi-ladder promote $(if $(RUN),--run $(RUN)) $(REGISTRY_NAME) $(OVERRIDES)
+
+# A rung whose sweep soak was too short to tell a leak: soaked again at conf/soak's length (34 min) before promote.
+soak: setup
+	$(BIN)/roi-ladder soak $(if $(RUN),--run $(RUN)) $(OVERRIDES)
 
 rollback: setup
 	$(BIN)/roi-ladder rollback $(if $(TO),--to $(TO)) $(if $(REASON),--reason "$(REASON)") $(REGISTRY_NAME) $(OVERRIDES)

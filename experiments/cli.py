@@ -21,6 +21,8 @@ USAGE = """usage: roi-ladder COMMAND [hydra overrides]
   ui      start the MLflow UI on 127.0.0.1 and print this sweep's URL
   promote   [--run RUN] [--name NAME]  register an accepted rung (default: the latest sweep's champion)
             as the registered model's new version with alias `champion`
+  soak      [--run RUN]  soak an accepted rung for conf/soak's length (4 min warm-up, 30 min), where its sweep's
+            soak was too short to tell a leak (promote asks for it then)
   rollback  [--to VERSION] [--reason TEXT] [--name NAME]  move `champion` back (default: to its rollback_to)
   status    [--name NAME]  the champion and the versions a rollback would restore, newest first
   capacity  [--run RUN]  the capacity and cost plan of a rung run (default: the latest sweep's champion)
@@ -143,11 +145,11 @@ def _registry_command(command: str, argv: list[str]) -> int:
     return 0
 
 
-HTTP_COMMANDS = ("serve", "bench")
+HTTP_COMMANDS = ("serve", "bench", "soak")
 
 
 def _http_command(command: str, argv: list[str]) -> int:
-    """serve / bench --endpoint: flags via argparse, everything else is a Hydra override."""
+    """serve / bench --endpoint / soak: flags via argparse, everything else is a Hydra override."""
     from experiments.climb import endpoint  # start-up
     from experiments.record.console import SweepConsole, level_table, quiet_libraries  # start-up
     from experiments.serving.http_client import PROMPT_FORMATS  # start-up
@@ -155,7 +157,9 @@ def _http_command(command: str, argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog=f"roi-ladder {command}", allow_abbrev=False,
                                      epilog="other arguments are Hydra overrides, e.g. benchmark.concurrency=[1,4]")
-    if command == "serve":
+    if command == "soak":
+        parser.add_argument("--run", help="a rung run id (default: the latest sweep's champion)")
+    elif command == "serve":
         parser.add_argument("--rungs", default="", help="rungs of the configured ladder to apply on top of the "
                                                         "baseline, comma-separated, in order (default: none)")
         parser.add_argument("--host", default=DEFAULT_HOST,
@@ -164,7 +168,7 @@ def _http_command(command: str, argv: list[str]) -> int:
         parser.add_argument("--champion", nargs="?", const="", metavar="NAME",
                             help="serve the registry's champion of model NAME (default: roi-ladder-<target>) as "
                                  "promoted; a serving engine's champion runs in that engine's own server")
-    else:
+    elif command == "bench":
         parser.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000")
         parser.add_argument("--model", help="model to ask for (default: the first one the endpoint lists)")
         parser.add_argument("--tokenizer", type=Path, help="folder of the served model's tokenizer, which makes the "
@@ -176,6 +180,12 @@ def _http_command(command: str, argv: list[str]) -> int:
     ui = SweepConsole()
     try:
         cfg = _compose(overrides)
+        if command == "soak":
+            from experiments.climb.followup_soak import soak_rung  # start-up
+
+            report = soak_rung(cfg, args.run, ui)
+            ui.console.print(f"soak {report.outcome}: {report.criterion().detail}")
+            return 0 if report.outcome != "NOT clean" else 1
         if command == "serve":
             if args.champion is not None and args.rungs:
                 raise ConfigError("serve takes --rungs or --champion, not both",

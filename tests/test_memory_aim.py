@@ -108,7 +108,10 @@ def test_the_rounds_go_on_until_speed_and_memory_both_pass_or_either_cannot():
     assert not memory_saving.decided(gate, saving_in_doubt), memory_saving.on_rounds(saving_in_doubt, gate).detail
     assert not memory_saving.decided(gate, speed_in_doubt), gate.interleaved(speed_in_doubt).detail
     speed_gate = gate.aimed_at("speed")
-    assert _decided(gate)(saving_in_doubt) is False and _decided(speed_gate) == speed_gate.rounds_decided
+    no_slos = bench_with_e2e([100] * 20)
+    assert _decided(gate, no_slos)(saving_in_doubt) is False
+    every = (both_pass, no_saving, much_slower, saving_in_doubt, speed_in_doubt)
+    assert [_decided(speed_gate, no_slos)(r) for r in every] == [speed_gate.rounds_decided(r) for r in every]
     assert "look 1 of 4: upper bound" in memory_saving.on_rounds(both_pass, gate).detail
 
 
@@ -170,9 +173,9 @@ def test_the_rung_measures_memory_in_the_rounds_it_judges_speed_in(monkeypatch, 
             by_speed = rung_rounds.performance(champion, bench_with_e2e([120] * 20), None, sweep, "kv", None)
     finally:
         mlflow.set_tracking_uri(previous)
-    assert [c.name for c in by_memory] == ["performance", "memory", "consistency"] and asked == ["memory"]
+    assert [c.name for c in by_memory] == ["performance", "memory", "consistency", "slos"] and asked == ["memory"]
     assert all(c.passed for c in by_memory), [c.detail for c in by_memory]
-    assert len(by_speed) == 1 and "decided without rounds" in by_speed[0].detail
+    assert [c.name for c in by_speed] == ["performance", "slos"] and "decided without rounds" in by_speed[0].detail
 
 
 def test_a_kv_cache_in_fewer_bits_aims_at_memory_except_where_vllm_budgets_it():

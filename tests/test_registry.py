@@ -282,3 +282,44 @@ def test_an_encoder_champion_loads_as_pyfunc_and_embeds_like_the_engine(tmp_path
     expected, _ = engine.embed(tokenized(load_tokenizer(model_dir()), texts, int(cfg.target.workload.max_tokens)))
     assert vectors.shape == expected.shape and np.allclose(vectors, expected, atol=1e-5)
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
+
+
+# --- a soak too short to tell a leak (issue 42) --------------------------------------------------------------
+def test_promote_asks_for_a_longer_soak_where_the_sweeps_did_not_decide(cfg, sweep):
+    client, rid = MlflowClient(), sweep["onnxruntime"]
+    client.set_tag(rid, "roi.soak", "ran at c=2 (the gate's objective level): not decided by a 3-second soak")
+    with pytest.raises(ConfigError, match="soaked too briefly to tell a leak") as err:
+        registry.promote(cfg.tracking, rid, None)
+    assert f"roi-ladder soak --run {rid}" in err.value.fix and not client.search_registered_models()
+    client.set_tag(rid, "roi.soak.followup", "NOT clean after a 1800-second soak at c=2: leak_rss ... LEAK")
+    with pytest.raises(ConfigError, match="longer soak was NOT clean"):
+        registry.promote(cfg.tracking, rid, None)
+    client.set_tag(rid, "roi.soak.followup", "clean after a 1800-second soak at c=2: leak_rss ... within budget")
+    assert registry.promote(cfg.tracking, rid, None).version == "1"
+    # a sweep soak that decided asks for nothing more
+    client.set_tag(sweep["baseline"], "roi.soak", "ran at c=2 (the gate's objective level): clean")
+    assert registry.promote(cfg.tracking, sweep["baseline"], None).version == "2"
+
+
+def test_roi_ladder_soak_soaks_the_rungs_recipe_and_records_it_where_promote_reads_it(cfg, sweep, model_dir):
+    """The follow-up soak, for real at a test's length: the recorded ONNX Runtime recipe built again, served,
+    soaked at the level the sweep's soak ran at, and its outcome tagged on the rung's run."""
+    from experiments.climb.followup_soak import soak_rung
+    from experiments.record.console import SweepConsole
+
+    rid = sweep["onnxruntime"]
+    MlflowClient().set_tag(rid, "roi.soak", "ran at c=2 (the gate's objective level): not decided by a 3-second soak")
+    short = OmegaConf.merge(cfg, {"soak": {"duration_s": 3.0, "warmup_s": 1.0, "window_s": 0.5, "horizon_h": 0.02,
+                                           "max_drift": 1.0}})
+    report = soak_rung(short, rid, SweepConsole())
+    assert report.concurrency == 2 and report.measured_s > 2.5
+    assert all(w.requests > 0 for w in report.windows)
+    tags = MlflowClient().get_run(rid).data.tags
+    assert tags["roi.soak.followup"].startswith(f"{report.outcome} after a ") and "at c=2: soak c=2" in tags[
+        "roi.soak.followup"]
+    assert {a.path for a in MlflowClient().list_artifacts(rid, "soak_followup")} >= {"soak_followup/report.md"}
+    if report.outcome == "clean":
+        assert registry.promote(cfg.tracking, rid, None).version == "1"
+    else:
+        with pytest.raises(ConfigError):
+            registry.promote(cfg.tracking, rid, None)

@@ -150,7 +150,10 @@ def test_accepted_challengers_were_soaked_and_the_rest_were_not(sweep):
         if tags.get("roi.kind") != "rung" or tags["roi.rung"] == "baseline" or tags["roi.verdict"] == "skipped":
             continue
         if tags["roi.verdict"] == "accepted":
-            assert tags["roi.soak"].startswith("ran at c=") and tags["roi.gate.soak"].startswith("pass")
+            # a quick profile's seconds of soak may not bound its leak: said, not failed, and promotion asks more
+            assert re.fullmatch(r"ran at c=\d+ \(.*\): (clean|not decided by a \d+-second soak)", tags["roi.soak"])
+            assert tags["roi.gate.soak"].startswith("pass")
+            assert ("not decided" in tags["roi.soak"]) == ("(not decided)" in tags["roi.gate.soak"])
             assert client.list_artifacts(r.info.run_id, "soak")
         else:
             assert tags["roi.soak"].startswith("skipped") or tags.get("roi.gate.soak", "").startswith("FAIL")

@@ -11,7 +11,7 @@ from experiments.climb.sweep import Sweep
 from experiments.core.names import Tag
 from experiments.core.recipe import Candidate
 from experiments.core.reports import BenchmarkReport
-from experiments.judge import memory_saving
+from experiments.judge import memory_saving, slo_verdict
 from experiments.judge.gate import Criterion, Gate
 from experiments.measure import interleaved
 from experiments.record import rung_log
@@ -24,41 +24,52 @@ def performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate, 
     """The champion re-measured beside the challenger in rounds of a balanced, drawn order (gate.interleaved),
     each side measured where it is the only engine alive; or, with rounds: 0, compared with its recorded run.
     With rounds, the measurement's consistency is a criterion too: measured again once if it fails, never
-    accepted on it. A rung aiming at memory is judged on the memory it saves too, in the same runs."""
+    accepted on it. A rung aiming at memory is judged on the memory it saves too, in the same runs; and every
+    SLO (gate.slos_still_met) on the rounds at their level, on the recorded runs at the others."""
     cfg, gate = sweep.cfg, sweep.gate.aimed_at(aim)
     rounds_cfg = cfg.gate.interleaved
+    slos = functools.partial(_slos, champion.bench, bench, cfg.gate)
     if not rounds_cfg.rounds:
         memory = [memory_saving.on_recorded(champion.bench, bench, gate)] if aim == "memory" else []
-        return [gate.performance(champion.bench, bench), *memory]
+        return [gate.performance(champion.bench, bench), *memory, *slos(None)]
     if rounds_cfg.get("skip_without_recorded_gain", True):
         decided = gate.without_rounds(champion.bench, bench)
         if decided:
             rung_log.note(Tag.GATE_INTERLEAVED, "not run: the recorded runs show no gain, which no rounds "
                                                 "could turn into an acceptance")
-            return [decided]
+            return [decided, *slos(None)]
     c = gate.objective_concurrency(champion.bench)
-    rounds = _rounds(champion.candidate, cand, sweep, gate, name, apart, c, 1)
+    rounds = _rounds(champion, cand, sweep, gate, name, apart, c, 1)
     consistency = gate.consistency(rounds, champion.bench, bench)
     if not consistency.passed:
         rung_log.note(Tag.GATE_FIRST_MEASUREMENT, f"inconsistent, measured again: {consistency.detail}")
         rung_log.log_rounds(rounds, cfg.gate.objective, "gate/first_interleaved_rounds.csv", "gate/first_round_ratio")
-        rounds = _rounds(champion.candidate, cand, sweep, gate, name, apart, c, 2)
+        rounds = _rounds(champion, cand, sweep, gate, name, apart, c, 2)
         consistency = gate.consistency(rounds, champion.bench, bench)
     rung_log.log_rounds(rounds, cfg.gate.objective, "gate/interleaved_rounds.csv", "gate/round_ratio")
     rung_log.note(Tag.GATE_INTERLEAVED,
                   contender.ROUNDS_DONE[bool(rounds_cfg.get("fresh_build_per_run", False))])
     memory = [memory_saving.on_rounds(rounds, gate)] if aim == "memory" else []
-    return [gate.interleaved(rounds), *memory, consistency]
+    return [gate.interleaved(rounds), *memory, consistency, *slos(rounds)]
 
 
-def _decided(gate: Gate):
-    """When to stop adding rounds: the gate's looks on speed; aiming at memory, on speed and memory together."""
-    if gate.aim != "memory":
-        return gate.rounds_decided
-    return lambda rounds: memory_saving.decided(gate, rounds)
+def _slos(champion: BenchmarkReport, challenger: BenchmarkReport, cfg_gate, rounds) -> list[Criterion]:
+    if not cfg_gate.get("slos_still_met", True):
+        return []
+    return [slo_verdict.criterion(champion, challenger, float(cfg_gate.confidence), rounds)]
 
 
-def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, gate: Gate, name: str, apart: contender.Apart,
+def _decided(gate: Gate, champion: BenchmarkReport):
+    """When to stop adding rounds: the gate's looks on speed (aiming at memory, on speed and memory together),
+    and no SLO at the rounds' level that more rounds could still decide."""
+    speed = gate.rounds_decided if gate.aim != "memory" else functools.partial(memory_saving.decided, gate)
+    if not gate.cfg.get("slos_still_met", True):
+        return speed
+    return lambda rounds: speed(rounds) and not slo_verdict.undecided_in_rounds(
+        champion, float(gate.cfg.confidence), rounds)
+
+
+def _rounds(champion: RungOutcome, cand: Candidate, sweep: Sweep, gate: Gate, name: str, apart: contender.Apart,
             c: int, attempt: int) -> interleaved.Rounds:
     cfg = sweep.cfg
     why = "" if attempt == 1 else " (again: the first was inconsistent)"
@@ -76,12 +87,12 @@ def _rounds(champion: Candidate, cand: Candidate, sweep: Sweep, gate: Gate, name
             st.progress(r, most, "rounds", planned_s=planned)
 
         builds = {who: functools.partial(build_engine, side, threads, artefacts)
-                  for who, side in (("champion", champion), ("challenger", cand))}
+                  for who, side in (("champion", champion.candidate), ("challenger", cand))}
         with contender.round_runs(builds, bool(rounds_cfg.get("fresh_build_per_run", False)),
                                   sweep.workload, load, c, cfg.gate.confidence, apart, attempt,
                                   on_build=lambda k, n: st.progress(k, n, "builds, each in a process of its own")
                                   ) as runs:
             # the order's seed: the sweep's, the rung and the attempt (a second measurement draws anew)
             seed = (int(cfg.seed), zlib.crc32(name.encode()), attempt)
-            return interleaved.measure(runs, most, c, on_round, seed, looks[:-1], _decided(gate),
+            return interleaved.measure(runs, most, c, on_round, seed, looks[:-1], _decided(gate, champion.bench),
                                        rounds_cfg.get("budget_s"))

@@ -90,7 +90,7 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
     """Apply one rung, then measure and gate it, logging to the active (rung) run. Every engine is built and
     measured in a process of its own (experiments/climb/contender.py); this one only orchestrates. Returns
     (outcome, the baseline's reference scores, the score cache)."""
-    cfg, gate = sweep.cfg, sweep.gate
+    cfg = sweep.cfg
     outcome = RungOutcome(name, Verdict("failed", "not run"), run_id=run_id)
     apart = contender.Apart(isolation.Limits.for_rung(cfg.isolation, name), sweep.logs, f"{name}-{run_id[:8]}")
     try:
@@ -115,8 +115,6 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
             aim = opt.aim_for(cand)
             rung_log.note(Tag.AIM, aim)
             criteria = rounds.performance(champion, outcome.bench, cand, sweep, name, apart, aim)
-            if cfg.gate.get("slos_still_met", True):
-                criteria.append(gate.slos(champion.bench, outcome.bench))
             drift = sweep.scorer.judge(outcome.fidelity)   # fidelity (and generation agreement) vs the baseline
             if not opt.fidelity_gated:
                 rung_log.note(Tag.FIDELITY, "recorded, not gated for this rung: " + "; ".join(c.detail for c in drift))

@@ -45,7 +45,8 @@ def soak_criterion(engine, bench: BenchmarkReport, criteria: list[Criterion], sw
             server.close()
     benchmark_log.log_soak(report)
     crit = report.criterion()
-    rung_log.note(Tag.SOAK, f"ran at c={clients} ({why}): {'clean' if crit.passed else 'NOT clean'}")
+    rung_log.note(Tag.SOAK, f"ran at c={clients} ({why}): {report.outcome}"
+                            + (f" by a {report.measured_s:.0f}-second soak" if report.outcome == "not decided" else ""))
     return [crit]
 
 

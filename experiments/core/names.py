@@ -33,6 +33,7 @@ class Tag:
     CAPACITY = "roi.capacity"
     SOAK = "roi.soak"
     SOAK_GPU = "roi.soak.gpu"
+    SOAK_FOLLOWUP = "roi.soak.followup"      # `roi-ladder soak`: a longer soak of a rung whose own did not decide
     GATE = "roi.gate."                       # + a gate criterion's name
     GATE_FIRST_MEASUREMENT = "roi.gate.first_measurement"
     GATE_INTERLEAVED = "roi.gate.interleaved"

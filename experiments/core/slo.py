@@ -31,8 +31,10 @@ class SLO:
 
     def value(self, level) -> float | None:
         values = level.values(self.metric)
-        if len(values) == 0:
-            return None
+        return self.of(values) if len(values) else None
+
+    def of(self, values) -> float:
+        """This SLO's statistic of some requests' values."""
         return float(np.mean(values)) if self.stat == "mean" else float(np.percentile(values, float(self.stat[1:])))
 
     def met_by(self, level) -> bool:

@@ -240,20 +240,6 @@ class Gate:
         return Criterion("performance", passed, detail,
                          {"ratio": ratio, "ratio_ci_low": lo, "ratio_ci_high": hi, "ratio_needed": need, **extra})
 
-    def slos(self, champion: BenchmarkReport, challenger: BenchmarkReport) -> Criterion:
-        """Every SLO still met at each level where the champion met them all."""
-        slos = champion.slos
-        if not slos:
-            return Criterion("slos", True, "no SLOs configured")
-        lost = []
-        for lv in champion.levels:
-            if all(s.met_by(lv) for s in slos):
-                mine = challenger.level(lv.concurrency)
-                lost += [f"{s.text} at c={lv.concurrency} ({s.value(mine):.1f})" for s in slos if not s.met_by(mine)]
-        if lost:
-            return Criterion("slos", False, "SLO no longer met: " + ", ".join(lost), {"slos_lost": len(lost)})
-        return Criterion("slos", True, "SLOs held", {"slos_lost": 0})
-
     def accuracy(self, champion: AccuracyReport, challenger: AccuracyReport) -> Criterion:
         """Non-inferiority, paired on the same documents: drop = mean(champion - challenger) per doc.
 

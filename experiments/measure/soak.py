@@ -4,11 +4,8 @@ The load is benchmark's closed loop, run one window at a time so that each windo
 a row of the time series and dropped: the harness itself must not grow, or its own records would read as a leak.
 A window ends when its last requests have finished, so it runs a little past window_s (QPS is over its real length).
 The warm-up windows are kept in the table and the plot but cut off before any fit.
-- leak: Theil-Sen slope of memory vs time (robust to the odd allocator jump) with its confidence interval;
-  flagged when the lower bound is above zero and the growth projected over `horizon_h` exceeds `budget_mb`. An
-  engine whose cache has a declared cap (llama-server's --cache-ram) is not extrapolated past it: its growth is a
-  bounded cache filling, judged on the most it can hold (what it held at the start plus the cap) against the
-  machine's memory, unless it grew beyond the cap.
+- leak: growth that persists, after the series settles, judged with its interval (experiments/judge/leak.py):
+  clean, LEAK, or not decided by a soak this short; a declared cache cap is not extrapolated past.
 - drift: P95 E2E of the last k windows over the first k, bootstrap interval; flagged when its lower bound
   exceeds 1 + max_drift.
 - errors: errors and timeouts over requests in the measured windows, against max_error_rate.
@@ -25,12 +22,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import psutil
 from matplotlib.figure import Figure
-from scipy import stats
 
 from experiments.core.errors import ConfigError
 from experiments.core.settings import check_section
 from experiments.core.stats import ratio_ci
 from experiments.judge.gate import Criterion
+from experiments.judge.leak import decided, leak_check
 from experiments.measure.load import closed_loop, still_serving
 from experiments.measure.resources import ResourceSampler
 from experiments.targets.workload import SOAK, Workload
@@ -130,47 +127,6 @@ def run_soak(server, workload: Workload, cfg, concurrency: int, on_window=lambda
 
 
 # --- the verdicts -----------------------------------------------------------------------------------------
-def leak_check(name: str, t_s, mb, horizon_h: float, budget_mb: float, confidence: float,
-               bound_mb: float | None = None, machine_mb: float | None = None) -> Criterion:
-    """Theil-Sen slope of memory (MB) vs time (s); a leak when it is surely above zero and over budget, unless
-    the engine declares a cache of at most `bound_mb` (bounded_check)."""
-    t, y = np.asarray(t_s, float), np.asarray(mb, float)
-    if t.size < 3:
-        return Criterion(name, False, f"{name}: {t.size} points after the warm-up, too few to fit a slope")
-    fit = stats.theilslopes(y, t, alpha=confidence)
-    slope, low, high = (float(v) * 3600 for v in (fit.slope, fit.low_slope, fit.high_slope))
-    projected = slope * horizon_h
-    leaking = low > 0 and projected > budget_mb
-    if leaking and bound_mb is not None:
-        return bounded_check(name, y, bound_mb, budget_mb, machine_mb, slope, low, high)
-    why = ("growing and over budget" if leaking else
-           "interval includes no growth" if low <= 0 else "growing, within budget")
-    detail = (f"{name} {slope:+.1f} MB/h [{low:+.1f}, {high:+.1f}] → {projected:+.1f} MB over {horizon_h:g} h "
-              f"vs budget {budget_mb:g} MB: {'LEAK, ' if leaking else ''}{why}")
-    return Criterion(name, not leaking, detail, {"slope_mb_per_h": slope, "slope_ci_low": low,
-                                                 "slope_ci_high": high, "projected_mb": projected,
-                                                 "budget_mb": float(budget_mb), "points": float(t.size)})
-
-
-def bounded_check(name: str, mb, bound_mb: float, budget_mb: float, machine_mb: float | None, slope: float,
-                  low: float, high: float) -> Criterion:
-    """Growth of an engine with a capped cache: a leak only beyond the cap (and the budget); within it, judged on
-    the most the engine can hold, what it held at the first measured window plus the cap, against `machine_mb`."""
-    y = np.asarray(mb, float)
-    grew, most = float(y.max() - y[0]), float(y[0] + bound_mb)
-    numbers = {"slope_mb_per_h": slope, "slope_ci_low": low, "slope_ci_high": high, "grew_mb": grew,
-               "cache_cap_mb": float(bound_mb), "most_mb": most, "budget_mb": float(budget_mb)}
-    if grew > bound_mb + budget_mb:
-        return Criterion(name, False, f"{name} grew {grew:+.0f} MB, beyond its cache's cap of {bound_mb:g} MB and "
-                                      f"the {budget_mb:g} MB budget: LEAK", numbers)
-    fits = machine_mb is None or most <= machine_mb
-    where = "" if machine_mb is None else f" of the machine's {machine_mb:.0f} MB"
-    return Criterion(name, fits, f"{name} bounded cache: grew {grew:+.0f} MB of its {bound_mb:g} MB cap ({slope:+.0f} "
-                                 f"MB/h [{low:+.0f}, {high:+.0f}] while it fills); at the cap it holds {most:.0f} MB"
-                                 f"{where}{'' if fits else ': DOES NOT FIT'}",
-                     {**numbers, **({"machine_mb": machine_mb} if machine_mb is not None else {})})
-
-
 def drift_check(first_ms, last_ms, max_drift: float, confidence: float, resamples: int, seed: int) -> Criterion:
     """P95 E2E of the last windows over the first ones; drift when the ratio's lower bound exceeds 1 + max_drift."""
     a, b = np.asarray(last_ms, float), np.asarray(first_ms, float)
@@ -223,11 +179,23 @@ class SoakReport:
     def measured_s(self) -> float:
         return sum(w.duration_s for w in self.windows if not w.warmup)
 
-    def criterion(self) -> Criterion:
-        """One gate criterion: passed when every check did; its detail and numbers list each of them."""
+    @property
+    def decided(self) -> bool:
+        """False where a check could not tell (a leak neither shown nor excluded by a soak this short)."""
+        return all(decided(c) for c in self.checks)
+
+    @property
+    def outcome(self) -> str:
         passed = all(c.passed for c in self.checks)
+        return "NOT clean" if not passed else "clean" if self.decided else "not decided"
+
+    def criterion(self) -> Criterion:
+        """One gate criterion: passed when every check did (one not decided fails nothing); its detail and numbers
+        list each of them."""
+        passed = all(c.passed for c in self.checks)
+        word = lambda c: "FAIL" if not c.passed else "pass" if decided(c) else "not decided"   # noqa: E731
         detail = (f"soak c={self.concurrency} {self.measured_s:.0f} s: "
-                  + "; ".join(f"{c.detail} ({'pass' if c.passed else 'FAIL'})" for c in self.checks))
+                  + "; ".join(f"{c.detail} ({word(c)})" for c in self.checks))
         numbers = {f"{c.name}/{k}": v for c in self.checks for k, v in c.numbers.items()}
         numbers.update({f"{c.name}/passed": float(c.passed) for c in self.checks})
         return Criterion("soak", passed, detail, numbers)
@@ -250,8 +218,7 @@ class SoakReport:
         return out
 
     def to_markdown(self) -> str:
-        crit = self.criterion()
-        lines = [f"# Soak at concurrency {self.concurrency}: {'clean' if crit.passed else 'NOT clean'}", "",
+        lines = [f"# Soak at concurrency {self.concurrency}: {self.outcome}", "",
                  f"{self.measured_s:.0f} s measured after {sum(w.warmup for w in self.windows)} warm-up "
                  f"window(s).{' ' + self.gpu_note + '.' if self.gpu_note else ''}", "",
                  "| check | result | detail |", "|---|---|---|"]

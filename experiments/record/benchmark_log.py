@@ -72,14 +72,15 @@ def samples_csv(bench: BenchmarkReport) -> str:
     return buf.getvalue()
 
 
-def log_soak(soak: SoakReport) -> None:
-    """The soak's windows as MLflow series, its metrics, CSV, report and plot."""
+def log_soak(soak: SoakReport, prefix: str = "soak") -> None:
+    """The soak's windows as MLflow series, its metrics, CSV, report and plot, under `prefix` (a longer soak
+    of a rung afterwards: soak_followup, beside the sweep's own)."""
     columns = ("p95_e2e_ms", "qps", "errors", "rss_mb", "gpu_mem_mb")
-    tracking.log_series({f"soak/window/{c}": [(i, float(getattr(w, c))) for i, w in enumerate(soak.windows)
-                                              if getattr(w, c) is not None] for c in columns})
-    mlflow.log_metrics(soak.to_metrics())
-    mlflow.log_text(soak.to_csv(), "soak/timeseries.csv")
-    mlflow.log_text(soak.to_markdown(), "soak/report.md")
-    mlflow.log_figure(soak.figure(), "soak/timeseries.png")
+    tracking.log_series({f"{prefix}/window/{c}": [(i, float(getattr(w, c))) for i, w in enumerate(soak.windows)
+                                                  if getattr(w, c) is not None] for c in columns})
+    mlflow.log_metrics({prefix + k.removeprefix("soak"): v for k, v in soak.to_metrics().items()})
+    mlflow.log_text(soak.to_csv(), f"{prefix}/timeseries.csv")
+    mlflow.log_text(soak.to_markdown(), f"{prefix}/report.md")
+    mlflow.log_figure(soak.figure(), f"{prefix}/timeseries.png")
     if soak.gpu_note:
         mlflow.set_tag(Tag.SOAK_GPU, soak.gpu_note)

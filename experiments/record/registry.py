@@ -31,7 +31,7 @@ from experiments.core.errors import ConfigError
 from experiments.core.names import Tag
 from experiments.core.recipe import Recipe
 from experiments.judge.embedding_eval import tokenized
-from experiments.record import packaged, tracking
+from experiments.record import packaged, soak_decided, tracking
 from experiments.serving import build_engine
 from experiments.targets import kinds
 
@@ -69,6 +69,7 @@ def promote(tracking_cfg, run_id: str | None = None, model_name: str | None = No
         raise ConfigError(f"run {run.info.run_id} (rung {run.data.tags.get(Tag.RUNG)!r}) was {verdict}, "
                           f"not accepted: {run.data.tags.get(Tag.REASON, '')[:200]}",
                           "promote a run whose roi.verdict is accepted (e.g. the sweep's roi.champion_run)")
+    soak_decided.require(run)
     sweep = client.get_run(run.data.tags["mlflow.parentRunId"])
     kind = sweep.data.params.get("target.kind", kinds.DEFAULT_KIND)
     if kinds.kind_of(kind).packaged_as is None:
@@ -87,6 +88,17 @@ def promote(tracking_cfg, run_id: str | None = None, model_name: str | None = No
         client.set_registered_model_alias(name, CHAMPION, version)
     client.set_tag(run.info.run_id, Tag.PROMOTED_VERSION, f"{name}/{version}")
     return PromotionResult(name, version, run.info.run_id, previous)
+
+
+def rung_run(tracking_cfg, run_id: str | None):
+    """A finished rung's run (default: the latest sweep's champion)."""
+    client = _connect(tracking_cfg)
+    return _rung_run(client, run_id) if run_id else _latest_champion_run(client, tracking_cfg)
+
+
+def sweep_config(run):
+    """The resolved config of the sweep a rung's run belongs to."""
+    return OmegaConf.create(_sweep_config(MlflowClient().get_run(run.data.tags["mlflow.parentRunId"])))
 
 
 def _rung_run(client: MlflowClient, run_id: str):
