@@ -134,6 +134,11 @@ gpu-resolve:
 bench-gate: setup
 	$(BIN)/python -m experiments.benchmarks.gate_quality $(ARGS)
 
+# The SLO and soak criteria on known answers (experiments/benchmarks/criteria_answers.py): A/A near an SLO's bound,
+# a challenger 20 % over it, an allocator warming up, a leak of the budget's size; ~1 min, no model (ARGS="--n 59").
+bench-slo: setup
+	$(BIN)/python -m experiments.benchmarks.criteria_answers $(ARGS)
+
 # Generation agreement's error rates on known answers (experiments/benchmarks/agreement_check.py): harmless
 # changes (int8 weight-only, bf16, exact engine swaps, ONNX Runtime fp32 and int8) must pass, broken engines
 # (dropped layer, shuffled vocabulary slice, wrong rotary positions, no causal mask, truncated KV cache) fail.

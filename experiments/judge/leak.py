@@ -5,8 +5,9 @@
   quarter's lower bound is above the rest's upper bound, the growth is still levelling off (an allocator or a
   cache warming up: their growth comes early); the first start where it is not is where the series settled, or
   later where MSER (the marginal standard error rule, White 1997: the cut that minimises the variance of what is
-  left over its length, at most half) puts the end of the transient. A soak too short to test that (fewer than
-  2 x MIN_PART windows) cannot tell a settling allocator from a leak.
+  left over its length, at most half) puts the end of the transient. A soak of fewer than MIN_TELL windows
+  cannot tell a settling allocator from a leak (12 windows of a 3-second soak called an allocator that settles
+  over seconds a leak 9 times in 10: make bench-slo).
 - the steady part: Theil-Sen slope of memory vs time (robust to the odd allocator jump), with its interval,
   projected over `horizon_h`; three answers, as the speed gate's:
   clean where the projection's upper bound is within `budget_mb`; LEAK where growth is shown (its lower bound
@@ -25,6 +26,7 @@ from experiments.judge.gate import Criterion
 
 MIN_POINTS = 3
 MIN_PART = 4          # windows in each part of the levelling-off test
+MIN_TELL = 24         # windows to tell growth that levels off from a leak
 STARTS = 12           # later starts tried, at most
 
 
@@ -33,7 +35,7 @@ def settled_from(t_s, mb, confidence: float) -> tuple[int, bool | None]:
     the first half; or 0 and None when the series is too short to tell)."""
     t, y = np.asarray(t_s, float), np.asarray(mb, float)
     last = min(y.size // 2, y.size - 2 * MIN_PART)
-    if last < 0:
+    if y.size < MIN_TELL:
         return 0, None
     starts = sorted(set(np.linspace(0, last, min(STARTS, last + 1)).astype(int).tolist()))
     for d in starts:
