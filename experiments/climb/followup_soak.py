@@ -9,11 +9,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from experiments.climb.soaking import objective_level, soak_engine
 from experiments.core.names import Tag
 from experiments.measure import soak
 from experiments.record import benchmark_log, packaged, registry, tracking
 from experiments.serving import build_engine
-from experiments.serving.servers import serve
 from experiments.targets import kinds
 from experiments.targets.resolve import resolve
 
@@ -31,17 +31,8 @@ def soak_rung(cfg: DictConfig, run_id: str | None, console) -> soak.SoakReport:
     with console.stage(f"{run.data.tags.get(Tag.RUNG)}: building {' + '.join(cand.rungs)}"):
         engine = build_engine(cand, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
     try:
-        server = serve(engine)
-        total = cfg.soak.warmup_s + cfg.soak.duration_s
-        try:
-            with console.stage(f"soak at c={clients} for {total:g} s") as st:
-                windows = sum(soak.window_counts(cfg.soak))
-                seen = []
-                report = soak.run_soak(server, workload, cfg.soak, clients,
-                                       on_window=lambda w: (seen.append(w), st.progress(len(seen), windows)),
-                                       bound_mb=getattr(engine, "bounded_cache_mb", lambda: None)())
-        finally:
-            server.close()
+        with console.stage(f"soak at c={clients} for {cfg.soak.warmup_s + cfg.soak.duration_s:g} s") as st:
+            report = soak_engine(engine, workload, cfg.soak, clients, st)
     finally:
         engine.close()
     with tracking.attach(str(cfg.tracking.uri), run.info.run_id):
@@ -57,5 +48,4 @@ def _clients(setting, sweep_soak: str, swept) -> int:
         return int(setting)
     if found := re.match(r"ran at c=(\d+)", sweep_soak):
         return int(found.group(1))
-    obj = swept.gate.objective
-    return int(max(swept.benchmark.concurrency)) if obj.concurrency == "max" else int(obj.concurrency)
+    return objective_level(swept)

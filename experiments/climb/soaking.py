@@ -28,26 +28,35 @@ def soak_criterion(engine, bench: BenchmarkReport, criteria: list[Criterion], sw
     if why:
         rung_log.note(Tag.SOAK, f"skipped: {why}")
         return []
-    obj = cfg.gate.objective
-    fallback = int(max(cfg.benchmark.concurrency)) if obj.concurrency == "max" else int(obj.concurrency)
-    clients, why = soak.concurrency_for(cfg.soak.concurrency, bench.capacity, fallback)
+    clients, why = soak.concurrency_for(cfg.soak.concurrency, bench.capacity, objective_level(cfg))
     total = cfg.soak.warmup_s + cfg.soak.duration_s
     with sweep.ui.stage(f"{name}: soak at c={clients} ({why}) for {total:g} s") as st:
-        server = serve(engine)
-        try:
-            windows = sum(soak.window_counts(cfg.soak))
-            seen = []
-            st.progress(0, windows, "soak", f"windows of {cfg.soak.window_s:g} s", planned_s=total)
-            report = soak.run_soak(server, sweep.workload, cfg.soak, clients,
-                                   on_window=lambda w: (seen.append(w), st.progress(len(seen), windows)),
-                                   bound_mb=getattr(engine, "bounded_cache_mb", lambda: None)())
-        finally:
-            server.close()
+        report = soak_engine(engine, sweep.workload, cfg.soak, clients, st)
     benchmark_log.log_soak(report)
     crit = report.criterion()
     rung_log.note(Tag.SOAK, f"ran at c={clients} ({why}): {report.outcome}"
                             + (f" by a {report.measured_s:.0f}-second soak" if report.outcome == "not decided" else ""))
     return [crit]
+
+
+def soak_engine(engine, workload, cfg_soak, clients: int, st) -> soak.SoakReport:
+    """The engine served and soaked at `clients`, its windows counted on the stage `st`."""
+    server = serve(engine)
+    try:
+        windows, seen = sum(soak.window_counts(cfg_soak)), []
+        st.progress(0, windows, "soak", f"windows of {cfg_soak.window_s:g} s",
+                    planned_s=cfg_soak.warmup_s + cfg_soak.duration_s)
+        return soak.run_soak(server, workload, cfg_soak, clients,
+                             on_window=lambda w: (seen.append(w), st.progress(len(seen), windows)),
+                             bound_mb=getattr(engine, "bounded_cache_mb", lambda: None)())
+    finally:
+        server.close()
+
+
+def objective_level(cfg) -> int:
+    """The gate's objective concurrency: the soak's level where no SLA capacity was measured."""
+    obj = cfg.gate.objective
+    return int(max(cfg.benchmark.concurrency)) if obj.concurrency == "max" else int(obj.concurrency)
 
 
 def _skipped(criteria: list[Criterion], cfg) -> str | None:

@@ -34,9 +34,9 @@ def settled_from(t_s, mb, confidence: float) -> tuple[int, bool | None]:
     """(where the growth stopped levelling off, True; or the last start tried and False if it never did within
     the first half; or 0 and None when the series is too short to tell)."""
     t, y = np.asarray(t_s, float), np.asarray(mb, float)
-    last = min(y.size // 2, y.size - 2 * MIN_PART)
     if y.size < MIN_TELL:
         return 0, None
+    last = y.size // 2          # MIN_TELL >= 4 x MIN_PART: the rest keeps both parts of the test
     starts = sorted(set(np.linspace(0, last, min(STARTS, last + 1)).astype(int).tolist()))
     for d in starts:
         if not levelling_off(t[d:], y[d:], confidence):

@@ -83,19 +83,23 @@ def calls(champion, challenger, slos: list[SLO], confidence: float, rounds=None)
     out = []
     for level in champion.levels:
         c = level.concurrency
+        if rounds is not None and rounds.concurrency == c:
+            out += rounds_calls(slos, confidence, rounds)
+            continue
         try:
             mine = challenger.level(c)
         except KeyError:
             continue
-        from_rounds = rounds is not None and rounds.concurrency == c
-        for slo in slos:
-            if from_rounds:
-                a, b = pooled(rounds, "champion", slo.metric), pooled(rounds, "challenger", slo.metric)
-            else:
-                a, b = level.values(slo.metric), mine.values(slo.metric)
-            out.append(SloCall(slo, c, "rounds" if from_rounds else "recorded runs",
-                               Estimate.of(a, slo, confidence), Estimate.of(b, slo, confidence)))
+        out += [SloCall(slo, c, "recorded runs", Estimate.of(level.values(slo.metric), slo, confidence),
+                        Estimate.of(mine.values(slo.metric), slo, confidence)) for slo in slos]
     return out
+
+
+def rounds_calls(slos: list[SLO], confidence: float, rounds) -> list[SloCall]:
+    """Every SLO at the rounds' level, on both sides' requests pooled over the rounds."""
+    return [SloCall(slo, rounds.concurrency, "rounds",
+                    Estimate.of(pooled(rounds, "champion", slo.metric), slo, confidence),
+                    Estimate.of(pooled(rounds, "challenger", slo.metric), slo, confidence)) for slo in slos]
 
 
 def pooled(rounds, side: str, metric: str) -> np.ndarray:
@@ -122,10 +126,4 @@ def criterion(champion, challenger, confidence: float, rounds=None) -> Criterion
 
 def undecided_in_rounds(champion, confidence: float, rounds) -> bool:
     """Whether more rounds could decide an SLO at the rounds' level (one the champion keeps there)."""
-    for slo in champion.slos:
-        call = SloCall(slo, rounds.concurrency, "rounds",
-                       Estimate.of(pooled(rounds, "champion", slo.metric), slo, confidence),
-                       Estimate.of(pooled(rounds, "challenger", slo.metric), slo, confidence))
-        if call.status == UNDECIDED:
-            return True
-    return False
+    return any(k.status == UNDECIDED for k in rounds_calls(champion.slos, confidence, rounds))

@@ -62,8 +62,7 @@ class RollbackResult:
 
 # --- promote ----------------------------------------------------------------------------------------------
 def promote(tracking_cfg, run_id: str | None = None, model_name: str | None = None) -> PromotionResult:
-    client = _connect(tracking_cfg)
-    run = _rung_run(client, run_id) if run_id else _latest_champion_run(client, tracking_cfg)
+    run, client = rung_run(tracking_cfg, run_id), MlflowClient()
     verdict = run.data.tags.get(Tag.VERDICT)
     if verdict != "accepted":
         raise ConfigError(f"run {run.info.run_id} (rung {run.data.tags.get(Tag.RUNG)!r}) was {verdict}, "
