@@ -66,7 +66,8 @@ def test_one_parent_and_one_child_per_rung(sweep):
         verdict, reason = run.data.tags["roi.verdict"], run.data.tags["roi.reason"]
         assert reason and verdict != "failed", (rung, reason)
         if rung in MEASURED or verdict != "skipped":
-            assert verdict in ("accepted", "rejected") and run.data.metrics.get("e2e_ms_p50", 0) > 0, (rung, reason)
+            assert verdict in ("accepted", "rejected", "undecided") and run.data.metrics.get("e2e_ms_p50", 0) > 0, \
+                (rung, reason)
         else:
             assert re.search(SKIPS_ONLY_FOR[rung], reason), (rung, reason)
     # how busy the machine was as the sweep and each rung started, for a reviewer reading a noisy verdict
@@ -97,7 +98,7 @@ def test_onnxruntime_is_faster_or_rejected_with_its_numbers(sweep):
         assert ort.data.metrics["gate/performance/ratio_ci_high"] < 0.95
     else:
         reason = ort.data.tags["roi.reason"]
-        assert "ratio" in reason or "drop" in reason or "measurement inconsistent" in reason, reason
+        assert "ratio" in reason or "drop" in reason or "inconsistent" in reason, reason
     if ort.data.tags["roi.reason"].find("decided without rounds") >= 0:   # its own run was no faster: no rounds
         assert ort.data.tags["roi.gate.interleaved"].startswith("not run")
         assert not client.get_metric_history(ort.info.run_id, "gate/round_ratio")

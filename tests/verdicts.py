@@ -2,7 +2,8 @@
 `in ("accepted", "rejected")` passes a gate that rejects everything."""
 
 GATE = "roi.gate."
-NOT_CRITERIA = {"roi.gate.first_measurement", "roi.gate.interleaved"}   # how it was measured, not a criterion
+NOT_CRITERIA = {"roi.gate.first_measurement", "roi.gate.interleaved",   # how it was measured, not a criterion
+                "roi.gate.recorded_again"}
 
 
 def criteria(data) -> dict[str, str]:
@@ -12,14 +13,19 @@ def criteria(data) -> dict[str, str]:
 
 def assert_decided(data, name: str = "", passes=()) -> None:
     """Gated on criteria; accepted only with every one passing; rejected with the detail of a failing one as its
-    reason. `passes`: criteria that must pass whatever the verdict (an exact engine swap's fidelity)."""
+    reason; undecided with none failing and one undecided. `passes`: criteria that must pass whatever the verdict
+    (an exact engine swap's fidelity)."""
     tags, judged = data.tags, criteria(data)
     verdict, reason = tags["roi.verdict"], tags["roi.reason"]
-    assert verdict in ("accepted", "rejected"), (name, verdict, reason)
+    assert verdict in ("accepted", "rejected", "undecided"), (name, verdict, reason)
     assert judged, (name, "no gate criterion recorded", reason)
     failed = {c: t for c, t in judged.items() if t.startswith("FAIL")}
+    open_ = {c: t for c, t in judged.items() if t.startswith("undecided")}
     if verdict == "accepted":
-        assert not failed, (name, failed)
+        assert not failed and not open_, (name, failed, open_)
+    elif verdict == "undecided":
+        assert open_ and not failed, (name, "undecided", judged)
+        assert any(t.removeprefix("undecided: ")[:60] in reason for t in open_.values()), (name, reason, open_)
     else:
         assert failed, (name, "rejected with every criterion passing", judged)
         assert any(t.removeprefix("FAIL: ")[:60] in reason for t in failed.values()), (name, reason, failed)

@@ -142,7 +142,7 @@ def recommend(bottleneck: str, summary: str, table, applied, tried: dict, ladder
             passed.append(f"{rung}: applied")
         elif rung not in known:
             passed.append(f"{rung}: no conf/rung/{rung}.yaml")
-        elif tried.get(rung) in ("rejected", "skipped", "failed"):
+        elif tried.get(rung) in ("rejected", "undecided", "skipped", "failed"):
             passed.append(f"{rung}: {tried[rung]} in this sweep")
         elif refusal is not None and (why := refusal(rung)):
             passed.append(f"{rung}: does not apply ({why})")

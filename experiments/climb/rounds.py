@@ -11,21 +11,24 @@ from experiments.climb.sweep import Sweep
 from experiments.core.names import Tag
 from experiments.core.recipe import Candidate
 from experiments.core.reports import BenchmarkReport
+from experiments.judge import consistency as consistent
 from experiments.judge import memory_saving, slo_verdict
 from experiments.judge.gate import Criterion, Gate
 from experiments.measure import interleaved
 from experiments.record import rung_log
 from experiments.record.outcome import RungOutcome
 from experiments.serving import build_engine
+from experiments.targets.workload import LADDER
 
 
 def performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate, sweep: Sweep, name: str,
                  apart: contender.Apart, aim: str = "speed") -> list[Criterion]:
     """The champion re-measured beside the challenger in rounds of a balanced, drawn order (gate.interleaved),
     each side measured where it is the only engine alive; or, with rounds: 0, compared with its recorded run.
-    With rounds, the measurement's consistency is a criterion too: measured again once if it fails, never
-    accepted on it. A rung aiming at memory is judged on the memory it saves too, in the same runs; and every
-    SLO (gate.slos_still_met) on the rounds at their level, on the recorded runs at the others."""
+    With rounds, the measurement's consistency is a criterion too: where it fails, the side that strayed has its
+    recorded run measured again, then the rounds once more; still inconsistent, it is undecided, never accepted.
+    A rung aiming at memory is judged on the memory it saves too, in the same runs; and every SLO
+    (gate.slos_still_met) on the rounds at their level, on the recorded runs at the others."""
     cfg, gate = sweep.cfg, sweep.gate.aimed_at(aim)
     rounds_cfg = cfg.gate.interleaved
     slos = functools.partial(_slos, champion.bench, bench, cfg.gate)
@@ -40,17 +43,41 @@ def performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate, 
             return [decided, *slos(None)]
     c = gate.objective_concurrency(champion.bench)
     rounds = _rounds(champion, cand, sweep, gate, name, apart, c, 1)
-    consistency = gate.consistency(rounds, champion.bench, bench)
+    recorded = {"champion": champion.bench, "challenger": bench}
+    consistency, again = gate.consistency(rounds, champion.bench, bench), []
+    if not consistency.passed and cfg.benchmark.get("mode", "closed") == "closed":
+        side = consistent.strayed(consistency)
+        again.append(f"the {side}'s own run")
+        level = _recorded_again({"champion": champion.candidate, "challenger": cand}[side], sweep, name, apart, c,
+                                side)
+        recorded[side] = recorded[side].with_level(level)
+        consistency = consistent.remeasured(consistency, gate.consistency(rounds, *recorded.values()), side)
+        rung_log.note(Tag.GATE_RECORDED_AGAIN, consistency.detail)
     if not consistency.passed:
         rung_log.note(Tag.GATE_FIRST_MEASUREMENT, f"inconsistent, measured again: {consistency.detail}")
         rung_log.log_rounds(rounds, cfg.gate.objective, "gate/first_interleaved_rounds.csv", "gate/first_round_ratio")
         rounds = _rounds(champion, cand, sweep, gate, name, apart, c, 2)
-        consistency = gate.consistency(rounds, champion.bench, bench)
+        consistency = gate.consistency(rounds, *recorded.values())
+        if not consistency.passed:
+            consistency = consistent.undecided(consistency, " and ".join([*again, "the rounds"]) + " measured again")
     rung_log.log_rounds(rounds, cfg.gate.objective, "gate/interleaved_rounds.csv", "gate/round_ratio")
     rung_log.note(Tag.GATE_INTERLEAVED,
                   contender.ROUNDS_DONE[bool(rounds_cfg.get("fresh_build_per_run", False))])
     memory = [memory_saving.on_rounds(rounds, gate)] if aim == "memory" else []
     return [gate.interleaved(rounds), *memory, consistency, *slos(rounds)]
+
+
+def _recorded_again(cand: Candidate, sweep: Sweep, name: str, apart: contender.Apart, c: int, side: str):
+    """`side`'s recorded run at c measured again as its load ladder measured it (the same load settings and
+    requests), on a fresh build in a fresh process."""
+    cfg = sweep.cfg
+    order = [int(x) for x in cfg.benchmark.concurrency]
+    block = LADDER + (order.index(c) if c in order else len(order))
+    build = functools.partial(build_engine, cand, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
+    with sweep.ui.stage(f"{name}: the rounds disagree with the {side}'s own run: that run measured again at c={c}, "
+                        f"in a process of its own"):
+        return contender.in_own_process(build, apart, sweep.workload, cfg.benchmark, c, float(cfg.gate.confidence),
+                                        f"recorded-again-{side}", block)
 
 
 def _slos(champion: BenchmarkReport, challenger: BenchmarkReport, cfg_gate, rounds) -> list[Criterion]:

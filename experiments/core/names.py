@@ -36,6 +36,7 @@ class Tag:
     SOAK_FOLLOWUP = "roi.soak.followup"      # `roi-ladder soak`: a longer soak of a rung whose own did not decide
     GATE = "roi.gate."                       # + a gate criterion's name
     GATE_FIRST_MEASUREMENT = "roi.gate.first_measurement"
+    GATE_RECORDED_AGAIN = "roi.gate.recorded_again"   # a side's recorded run measured again: rounds disagreed with it
     GATE_INTERLEAVED = "roi.gate.interleaved"
     MACHINE_LOAD = "roi.machine_load"        # other work on the machine as the sweep / the rung started
     # the sweep's outcome

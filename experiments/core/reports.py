@@ -3,7 +3,7 @@ resources sampled meanwhile and its validity (LevelReport), and the ladder's lev
 judges these; experiments/measure produces them; experiments/record/benchmark_log renders them for MLflow."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -135,6 +135,10 @@ class BenchmarkReport:
             if lv.concurrency == concurrency:
                 return lv
         raise KeyError(f"no level at concurrency {concurrency}; measured: {[lv.concurrency for lv in self.levels]}")
+
+    def with_level(self, level: LevelReport) -> "BenchmarkReport":
+        """This report with `level` in place of the one measured at its concurrency (a run measured again)."""
+        return replace(self, levels=tuple(level if lv.concurrency == level.concurrency else lv for lv in self.levels))
 
     def validity(self) -> dict[str, bool]:
         return {f"c{lv.concurrency}_{flag}": value for lv in self.levels for flag, value in lv.validity().items()}

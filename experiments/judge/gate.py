@@ -29,12 +29,17 @@ class Criterion:
     passed: bool
     detail: str
     numbers: dict[str, float] = field(default_factory=dict)
-    undecided: bool = False     # not passed yet: a first look that more documents may decide
+    undecided: bool = False     # not passed yet: a first look that more documents may decide, or no evidence
+
+    @property
+    def word(self) -> str:
+        """As a run's tag and the review read it: pass, FAIL, or undecided."""
+        return "pass" if self.passed else "undecided" if self.undecided else "FAIL"
 
 
 @dataclass(frozen=True)
 class Verdict:
-    status: str                      # accepted | rejected | skipped | failed
+    status: str                      # accepted | rejected | undecided | skipped | failed
     reason: str
     criteria: tuple[Criterion, ...] = ()
 
@@ -44,9 +49,12 @@ class Verdict:
 
     @classmethod
     def from_criteria(cls, criteria: list[Criterion]) -> "Verdict":
+        """Rejected where a criterion failed on evidence; undecided where every one that did not pass was left
+        undecided (no evidence either way: the champion stays, and the challenger is not called worse)."""
         failed = [c for c in criteria if not c.passed]
         if failed:
-            return cls("rejected", "; ".join(c.detail for c in failed), tuple(criteria))
+            status = "undecided" if all(c.undecided for c in failed) else "rejected"
+            return cls(status, "; ".join(c.detail for c in failed), tuple(criteria))
         return cls("accepted", "; ".join(c.detail for c in criteria), tuple(criteria))
 
 

@@ -31,7 +31,8 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-VERDICT_STYLE = {"accepted": "green", "rejected": "red", "skipped": "yellow", "failed": "bold red"}
+VERDICT_STYLE = {"accepted": "green", "rejected": "red", "undecided": "magenta", "skipped": "yellow",
+                 "failed": "bold red"}
 
 
 class SweepConsole:

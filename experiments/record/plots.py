@@ -10,7 +10,8 @@ from matplotlib.figure import Figure  # noqa: E402  (after choosing the headless
 from experiments.core.names import Metric
 from experiments.targets.kinds import kind_of
 
-COLORS = {"accepted": "tab:green", "rejected": "tab:red", "skipped": "tab:gray", "failed": "black"}
+COLORS = {"accepted": "tab:green", "rejected": "tab:red", "undecided": "tab:orange", "skipped": "tab:gray",
+          "failed": "black"}
 
 
 def objective(outcome, metric: str, stat: str, level: int) -> float | None:
@@ -36,7 +37,7 @@ def waterfall(outcomes, metric: str, stat: str, level: int) -> Figure:
         ax.plot(xs, ys, "k_", markersize=28, markeredgewidth=2, label="the champion it was gated against")
         ax.legend(fontsize=8)
     ax.set_ylabel(f"{metric} {stat} at c={level} (lower is better)")
-    ax.set_title("The ladder: objective per rung (green accepted, red rejected, grey skipped)")
+    ax.set_title("The ladder: objective per rung (green accepted, red rejected, orange undecided, grey skipped)")
     ax.tick_params(axis="x", labelrotation=20)
     return fig
 

@@ -38,7 +38,7 @@ def rung_description(outcome: RungOutcome) -> str:
         lines.append(f"Gated against the champion `{before.name}` (run `{before.run_id}`).")
     if v.criteria:
         lines += ["", "| criterion | result | detail |", "|---|---|---|"]
-        lines += [f"| {c.name} | {'pass' if c.passed else '**FAIL**'} | {c.detail} |" for c in v.criteria]
+        lines += [f"| {c.name} | {c.word if c.word != 'FAIL' else '**FAIL**'} | {c.detail} |" for c in v.criteria]
     return "\n".join(lines) + "\n"
 
 

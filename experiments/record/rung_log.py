@@ -43,7 +43,7 @@ def log_rounds(rounds: interleaved.Rounds, obj, csv_path: str, metric: str) -> N
 def log_criteria(criteria: tuple[Criterion, ...]) -> None:
     for c in criteria:
         tracking.log_metrics({f"gate/{c.name}/{k}": v for k, v in c.numbers.items()})
-        tracking.set_tag(f"{Tag.GATE}{c.name}", f"{'pass' if c.passed else 'FAIL'}: {c.detail}"[:5000])
+        tracking.set_tag(f"{Tag.GATE}{c.name}", f"{c.word}: {c.detail}"[:5000])
 
 
 def log_capacity(result, cfg_capacity, no_plan: str | None = None) -> None:

@@ -32,7 +32,7 @@ from experiments.core.names import Tag
 from experiments.tools.ui_check import free_port, stop_group, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
-VERDICTS = {"accepted", "rejected", "skipped", "failed"}
+VERDICTS = {"accepted", "rejected", "undecided", "skipped", "failed"}
 DB_USER, DB_NAME = "roi", "mlflow"
 PG_USERS = ("postgres", "roi-postgres")      # Debian's package creates the first; the second is made if need be
 APT_LOG = Path("/tmp/roi-ladder-postgresql.log")

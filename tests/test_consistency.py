@@ -1,0 +1,99 @@
+"""Issue 42: rounds that disagree with a side's recorded run. The side that strayed has its recorded run measured
+again; a disturbed recorded run is found out and the comparison stands; where nothing settles it the rung is
+undecided, not rejected."""
+from types import SimpleNamespace
+
+import mlflow
+import pytest
+from omegaconf import OmegaConf
+from test_gate import CONSISTENT, bench_with_e2e, rounds_at
+
+from experiments.climb import rounds as rung_rounds
+from experiments.judge import consistency
+from experiments.judge.gate import Criterion, Gate, Verdict
+
+CFG = OmegaConf.create({
+    "gate": OmegaConf.merge(CONSISTENT, {"interleaved": {"rounds": 6, "max_rounds": None, "seconds": 1.0,
+                                                         "min_requests": 1, "skip_without_recorded_gain": False}}),
+    "benchmark": {"mode": "closed", "concurrency": [1]}})
+
+
+def judged(monkeypatch, tmp_path, rounds: list, again_ms: float, champion_ms=700.0, challenger_ms=687.0):
+    """rounds.performance with the rounds and the re-measured recorded run stubbed: `rounds` the rounds of each
+    attempt, `again_ms` what the strayed side's recorded run reads when measured again."""
+    calls = {"rounds": 0, "again": []}
+
+    def fake_rounds(*args):
+        calls["rounds"] += 1
+        return rounds[calls["rounds"] - 1]
+
+    def fake_again(cand, sweep, name, apart, c, side):
+        calls["again"].append(side)
+        return bench_with_e2e([again_ms] * 20).levels[0]
+
+    monkeypatch.setattr(rung_rounds, "_rounds", fake_rounds)
+    monkeypatch.setattr(rung_rounds, "_recorded_again", fake_again)
+    champion = SimpleNamespace(bench=bench_with_e2e([champion_ms] * 20), candidate="champion-recipe")
+    sweep = SimpleNamespace(cfg=CFG, gate=Gate(CFG.gate))
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    try:
+        with mlflow.start_run() as run:
+            criteria = rung_rounds.performance(champion, bench_with_e2e([challenger_ms] * 20), "challenger-recipe",
+                                               sweep, "swap", None)
+        tags = mlflow.get_run(run.info.run_id).data.tags
+    finally:
+        mlflow.set_tracking_uri(previous)
+    return {c.name: c for c in criteria}, calls, tags
+
+
+def test_a_clean_swap_whose_own_run_was_disturbed_is_decided_on_its_run_measured_again(monkeypatch, tmp_path):
+    # issue 42's numbers: the challenger 458.1 in the rounds, 687.0 in its own run; the champion agrees with its own
+    crit, calls, tags = judged(monkeypatch, tmp_path, [rounds_at(700, 458.1)], again_ms=470.0)
+    assert calls == {"rounds": 1, "again": ["challenger"]}
+    c = crit["consistency"]
+    assert c.passed and not c.undecided, c.detail
+    assert "the challenger's own run, measured again in a fresh process, read 470.0 (first 687.0, rounds 458.1): " \
+           "its first run was the disturbed one" in c.detail
+    assert c.numbers["challenger_first_recorded"] == pytest.approx(687.0)
+    assert c.numbers["challenger_recorded"] == pytest.approx(470.0)
+    assert tags["roi.gate.recorded_again"] == c.detail
+    assert Verdict.from_criteria(list(crit.values())).status == "accepted"
+
+
+def test_a_run_measured_again_that_confirms_itself_puts_the_rounds_in_doubt_and_then_it_is_undecided(monkeypatch,
+                                                                                                     tmp_path):
+    inconsistent = rounds_at(700, 458.1)
+    crit, calls, tags = judged(monkeypatch, tmp_path, [inconsistent, inconsistent], again_ms=690.0)
+    assert calls == {"rounds": 2, "again": ["challenger"]}
+    c = crit["consistency"]
+    assert not c.passed and c.undecided
+    assert c.detail.startswith("the measurement stayed inconsistent after the challenger's own run and "
+                               "the rounds measured again: challenger e2e_ms mean 458.1 in the rounds vs 690.0"), c.detail
+    assert "inconsistent, measured again" in tags["roi.gate.first_measurement"]
+    verdict = Verdict.from_criteria(list(crit.values()))
+    assert verdict.status == "undecided", verdict.reason
+
+
+def test_rounds_measured_again_that_agree_with_the_recorded_runs_decide(monkeypatch, tmp_path):
+    # the first rounds were the disturbed measurement: the second agree with both recorded runs, and show no gain
+    crit, calls, _ = judged(monkeypatch, tmp_path, [rounds_at(700, 458.1), rounds_at(700, 690.0)], again_ms=689.0)
+    assert calls == {"rounds": 2, "again": ["challenger"]}
+    assert crit["consistency"].passed
+    verdict = Verdict.from_criteria(list(crit.values()))
+    assert verdict.status == "rejected" and "ratio 0.986" in verdict.reason, verdict.reason
+
+
+def test_the_champion_is_measured_again_where_it_strayed():
+    crit = Gate(CONSISTENT).consistency(rounds_at(2000, 1800), bench_with_e2e([679] * 20), bench_with_e2e([1800] * 20))
+    assert consistency.strayed(crit) == "champion"
+    crit = Gate(CONSISTENT).consistency(rounds_at(700, 458), bench_with_e2e([700] * 20), bench_with_e2e([687] * 20))
+    assert consistency.strayed(crit) == "challenger"
+
+
+def test_undecided_only_where_nothing_failed_on_evidence():
+    undecided = Criterion("consistency", False, "undecided: …", undecided=True)
+    passed, failed = Criterion("performance", True, "ok"), Criterion("fidelity", False, "drifted")
+    assert Verdict.from_criteria([passed, undecided]).status == "undecided"
+    assert Verdict.from_criteria([passed, undecided, failed]).status == "rejected"
+    assert Verdict.from_criteria([passed]).status == "accepted"
