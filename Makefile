@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 # Hydra overrides: `make sweep profile=quick target=tiny-llm` or `make sweep ARGS="gate.min_gain=0.1"`.
 OVERRIDES := $(foreach v,target profile ladder gate benchmark tracking experiment,$(if $($(v)),$(v)=$($(v)))) $(ARGS)
 
-.PHONY: setup browser sweep ui ui-check server-check test test-fast bench bench-gpu gpu-resolve bench-gate bench-agreement bench-slo promote soak rollback status serve llama-cpp clean
+.PHONY: setup browser sweep ui ui-check server-check test test-fast bench bench-gpu gpu-resolve bench-gate bench-agreement bench-slo bench-ladder promote soak rollback status serve llama-cpp clean
 setup: $(STAMP)
 
 # pip byte-compiles what it installs on one core (~65 s of a first install here); --no-compile, then compileall on
@@ -138,6 +138,13 @@ bench-gate: setup
 # a challenger 20 % over it, an allocator warming up, a leak of the budget's size; ~1 min, no model (ARGS="--n 59").
 bench-slo: setup
 	$(BIN)/python -m experiments.benchmarks.criteria_answers $(ARGS)
+
+# Same sweep, same answer? `make sweep` run K times one after another, each into a fresh store under
+# .roi/bench-ladder (the model cache shared): every rung's verdicts counted, the rungs whose verdict changed shown with
+# what decided each run, and how often the champion was the same (~10 min a sweep on the demo; RUNS=5 by default;
+# the usual overrides: `make bench-ladder profile=quick`; ARGS="--read" reports on the sweeps already there).
+bench-ladder: setup
+	$(BIN)/python -m experiments.benchmarks.ladder_repeat --runs $(or $(RUNS),5) $(OVERRIDES)
 
 # Generation agreement's error rates on known answers (experiments/benchmarks/agreement_check.py): harmless
 # changes (int8 weight-only, bf16, exact engine swaps, ONNX Runtime fp32 and int8) must pass, broken engines
