@@ -29,6 +29,22 @@ def _console_restored(monkeypatch):
     logging.setLogRecordFactory(factory)
 
 
+@pytest.fixture
+def scratch_run(tmp_path):
+    """An active MLflow run in a store of its own under tmp_path, artefacts included (a sqlite store's default
+    artefact root is ./mlruns, in the checkout); yields the run, restores the tracking URI after."""
+    import mlflow
+
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    try:
+        experiment = mlflow.create_experiment("scratch", artifact_location=(tmp_path / "artifacts").as_uri())
+        with mlflow.start_run(experiment_id=experiment) as run:
+            yield run
+    finally:
+        mlflow.set_tracking_uri(previous)
+
+
 def compose(overrides=()):
     from hydra import compose as hydra_compose, initialize_config_dir
 

@@ -18,7 +18,7 @@ CFG = OmegaConf.create({
     "benchmark": {"mode": "closed", "concurrency": [1]}})
 
 
-def judged(monkeypatch, tmp_path, rounds: list, again_ms: float, champion_ms=700.0, challenger_ms=687.0):
+def judged(monkeypatch, run, rounds: list, again_ms: float, champion_ms=700.0, challenger_ms=687.0):
     """rounds.performance with the rounds and the re-measured recorded run stubbed: `rounds` the rounds of each
     attempt, `again_ms` what the strayed side's recorded run reads when measured again."""
     calls = {"rounds": 0, "again": []}
@@ -35,21 +35,15 @@ def judged(monkeypatch, tmp_path, rounds: list, again_ms: float, champion_ms=700
     monkeypatch.setattr(rung_rounds, "_recorded_again", fake_again)
     champion = SimpleNamespace(bench=bench_with_e2e([champion_ms] * 20), candidate="champion-recipe")
     sweep = SimpleNamespace(cfg=CFG, gate=Gate(CFG.gate))
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
-    try:
-        with mlflow.start_run() as run:
-            criteria = rung_rounds.performance(champion, bench_with_e2e([challenger_ms] * 20), "challenger-recipe",
-                                               sweep, "swap", None)
-        tags = mlflow.get_run(run.info.run_id).data.tags
-    finally:
-        mlflow.set_tracking_uri(previous)
+    criteria = rung_rounds.performance(champion, bench_with_e2e([challenger_ms] * 20), "challenger-recipe", sweep,
+                                       "swap", None)
+    tags = mlflow.get_run(run.info.run_id).data.tags
     return {c.name: c for c in criteria}, calls, tags
 
 
-def test_a_clean_swap_whose_own_run_was_disturbed_is_decided_on_its_run_measured_again(monkeypatch, tmp_path):
+def test_a_clean_swap_whose_own_run_was_disturbed_is_decided_on_its_run_measured_again(monkeypatch, scratch_run):
     # issue 42's numbers: the challenger 458.1 in the rounds, 687.0 in its own run; the champion agrees with its own
-    crit, calls, tags = judged(monkeypatch, tmp_path, [rounds_at(700, 458.1)], again_ms=470.0)
+    crit, calls, tags = judged(monkeypatch, scratch_run, [rounds_at(700, 458.1)], again_ms=470.0)
     assert calls == {"rounds": 1, "again": ["challenger"]}
     c = crit["consistency"]
     assert c.passed and not c.undecided, c.detail
@@ -62,9 +56,9 @@ def test_a_clean_swap_whose_own_run_was_disturbed_is_decided_on_its_run_measured
 
 
 def test_a_run_measured_again_that_confirms_itself_puts_the_rounds_in_doubt_and_then_it_is_undecided(monkeypatch,
-                                                                                                     tmp_path):
+                                                                                                     scratch_run):
     inconsistent = rounds_at(700, 458.1)
-    crit, calls, tags = judged(monkeypatch, tmp_path, [inconsistent, inconsistent], again_ms=690.0)
+    crit, calls, tags = judged(monkeypatch, scratch_run, [inconsistent, inconsistent], again_ms=690.0)
     assert calls == {"rounds": 2, "again": ["challenger"]}
     c = crit["consistency"]
     assert not c.passed and c.undecided
@@ -75,9 +69,9 @@ def test_a_run_measured_again_that_confirms_itself_puts_the_rounds_in_doubt_and_
     assert verdict.status == "undecided", verdict.reason
 
 
-def test_rounds_measured_again_that_agree_with_the_recorded_runs_decide(monkeypatch, tmp_path):
+def test_rounds_measured_again_that_agree_with_the_recorded_runs_decide(monkeypatch, scratch_run):
     # the first rounds were the disturbed measurement: the second agree with both recorded runs, and show no gain
-    crit, calls, _ = judged(monkeypatch, tmp_path, [rounds_at(700, 458.1), rounds_at(700, 690.0)], again_ms=689.0)
+    crit, calls, _ = judged(monkeypatch, scratch_run, [rounds_at(700, 458.1), rounds_at(700, 690.0)], again_ms=689.0)
     assert calls == {"rounds": 2, "again": ["challenger"]}
     assert crit["consistency"].passed
     verdict = Verdict.from_criteria(list(crit.values()))

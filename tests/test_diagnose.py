@@ -219,7 +219,7 @@ def test_distillation_skips_when_the_resource_layer_points_elsewhere(tiny_target
     assert "model layer is the bottleneck" in opt.decision and "resource layer: CPU saturated" in opt.decision
 
 
-def test_a_champion_without_a_profiler_here_is_said_so_without_building_it(tmp_path):
+def test_a_champion_without_a_profiler_here_is_said_so_without_building_it(scratch_run):
     """A llama.cpp champion (a server, its own /metrics logged): the framework profile is "not applicable", tagged,
     and nothing is built, where it was a traceback in the sweep's output."""
     import mlflow
@@ -229,14 +229,8 @@ def test_a_champion_without_a_profiler_here_is_said_so_without_building_it(tmp_p
     recipe = SimpleNamespace(engine="llama.cpp")
     champion = SimpleNamespace(name="int8", candidate=SimpleNamespace(recipe=recipe,
                                                                       target=SimpleNamespace(kind="causal-lm")))
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
-    try:
-        with mlflow.start_run() as run:
-            assert _profile_champion(champion, SimpleNamespace(cfg=None)) is None
-        tags = mlflow.get_run(run.info.run_id).data.tags
-    finally:
-        mlflow.set_tracking_uri(previous)
+    assert _profile_champion(champion, SimpleNamespace(cfg=None)) is None
+    tags = mlflow.get_run(scratch_run.info.run_id).data.tags
     assert tags["roi.diagnosis.framework_profile"] == ("not applicable: no framework profiler for llama.cpp here "
                                                        "(profiled: torch, onnxruntime)")
 

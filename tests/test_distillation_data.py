@@ -168,7 +168,7 @@ def test_the_sweep_records_the_rung_as_skipped_with_the_reason(qwen, tmp_path):
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
     try:
-        experiment = mlflow.create_experiment("distill-guard")
+        experiment = mlflow.create_experiment("distill-guard", artifact_location=(tmp_path / "artifacts").as_uri())
         base = SimpleNamespace(candidate=champion(qwen), run_id="baseline-run", bench=None)
         sweep = SimpleNamespace(cfg=cfg, env=CPU, experiment_id=experiment)
         outcome = climb("distillation", opt, base, sweep, SimpleNamespace(started=lambda *args: None), "key")

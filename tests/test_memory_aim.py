@@ -149,12 +149,10 @@ def test_a_rungs_aim_comes_from_its_file_and_a_wrong_one_is_refused_before_any_w
         Gate(MEMORY, aim="size")
 
 
-def test_the_rung_measures_memory_in_the_rounds_it_judges_speed_in(monkeypatch, tmp_path):
+def test_the_rung_measures_memory_in_the_rounds_it_judges_speed_in(monkeypatch, scratch_run):
     """rounds.performance, the rounds stubbed: aimed at memory, the rounds run although the recorded runs show no
     gain, and memory is judged in them; aimed at speed, the same challenger is rejected before any rounds."""
     from types import SimpleNamespace
-
-    import mlflow
 
     from experiments.climb import rounds as rung_rounds
 
@@ -165,14 +163,8 @@ def test_the_rung_measures_memory_in_the_rounds_it_judges_speed_in(monkeypatch, 
     monkeypatch.setattr(rung_rounds, "_rounds", lambda *args: asked.append(args[3].aim) or measured)
     champion = SimpleNamespace(bench=bench_with_e2e([100] * 20), candidate=None)
     sweep = SimpleNamespace(cfg=cfg, gate=Gate(cfg.gate))
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
-    try:
-        with mlflow.start_run():
-            by_memory = rung_rounds.performance(champion, bench_with_e2e([120] * 20), None, sweep, "kv", None, "memory")
-            by_speed = rung_rounds.performance(champion, bench_with_e2e([120] * 20), None, sweep, "kv", None)
-    finally:
-        mlflow.set_tracking_uri(previous)
+    by_memory = rung_rounds.performance(champion, bench_with_e2e([120] * 20), None, sweep, "kv", None, "memory")
+    by_speed = rung_rounds.performance(champion, bench_with_e2e([120] * 20), None, sweep, "kv", None)
     assert [c.name for c in by_memory] == ["performance", "memory", "consistency", "slos"] and asked == ["memory"]
     assert all(c.passed for c in by_memory), [c.detail for c in by_memory]
     assert [c.name for c in by_speed] == ["performance", "slos"] and "decided without rounds" in by_speed[0].detail
