@@ -139,10 +139,10 @@ bench-gate: setup
 bench-slo: setup
 	$(BIN)/python -m experiments.benchmarks.criteria_answers $(ARGS)
 
-# Same sweep, same answer? `make sweep` run K times one after another, each into a fresh store under
+# Same sweep, same answer? `make sweep` run K times one after another, each into a fresh store in a new folder under
 # .roi/bench-ladder (the model cache shared): every rung's verdicts counted, the rungs whose verdict changed shown with
-# what decided each run, and how often the champion was the same (~10 min a sweep on the demo; RUNS=5 by default;
-# the usual overrides: `make bench-ladder profile=quick`; ARGS="--read" reports on the sweeps already there).
+# what decided each sweep, and how often the champion was the same (~10 min a sweep on the demo; RUNS=5 by default;
+# the usual overrides: `make bench-ladder profile=quick`; ARGS="--read <folder>" reports on an earlier run's sweeps).
 bench-ladder: setup
 	$(BIN)/python -m experiments.benchmarks.ladder_repeat --runs $(or $(RUNS),5) $(OVERRIDES)
 

@@ -163,8 +163,8 @@ def test_the_rung_measures_memory_in_the_rounds_it_judges_speed_in(monkeypatch, 
     monkeypatch.setattr(rung_rounds, "_rounds", lambda *args: asked.append(args[3].aim) or measured)
     champion = SimpleNamespace(bench=bench_with_e2e([100] * 20), candidate=None)
     sweep = SimpleNamespace(cfg=cfg, gate=Gate(cfg.gate))
-    by_memory = rung_rounds.performance(champion, bench_with_e2e([120] * 20), None, sweep, "kv", None, "memory")
-    by_speed = rung_rounds.performance(champion, bench_with_e2e([120] * 20), None, sweep, "kv", None)
+    by_memory = rung_rounds.performance(champion, bench_with_e2e([120] * 20), None, sweep, "kv", None, "memory").criteria
+    by_speed = rung_rounds.performance(champion, bench_with_e2e([120] * 20), None, sweep, "kv", None).criteria
     assert [c.name for c in by_memory] == ["performance", "memory", "consistency", "slos"] and asked == ["memory"]
     assert all(c.passed for c in by_memory), [c.detail for c in by_memory]
     assert [c.name for c in by_speed] == ["performance", "slos"] and "decided without rounds" in by_speed[0].detail

@@ -75,7 +75,7 @@ def diagnose(bench, roofline=None, rules=None, applied=(), tried=None, ladder=No
     """The three layers of one configuration's measurements, and what to try next.
 
     applied: the rungs the configuration already has; tried: rung -> verdict in this sweep (a rejected,
-    skipped or failed rung is not recommended again); ladder: this sweep's rungs (a recommendation outside
+    undecided, skipped or failed rung is not recommended again: it was tried); ladder: this sweep's rungs (a recommendation outside
     it says so); refusal: rung -> why it does not apply to this configuration, or None (a llama.cpp server
     batches in its own slots: no dynamic batching in front of it). Only rungs with a YAML in conf/rung/ are
     recommended."""

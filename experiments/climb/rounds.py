@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.climb import contender
@@ -21,50 +22,61 @@ from experiments.serving import build_engine
 from experiments.targets.workload import LADDER
 
 
+@dataclass(frozen=True)
+class Judged:
+    """The performance criteria, and each side's recorded runs as judged: a run the gate measured again (its first
+    disturbed) in place of the first."""
+    criteria: list[Criterion]
+    champion: BenchmarkReport
+    challenger: BenchmarkReport
+
+
 def performance(champion: RungOutcome, bench: BenchmarkReport, cand: Candidate, sweep: Sweep, name: str,
-                 apart: contender.Apart, aim: str = "speed") -> list[Criterion]:
+                apart: contender.Apart, aim: str = "speed") -> Judged:
     """The champion re-measured beside the challenger in rounds of a balanced, drawn order (gate.interleaved),
     each side measured where it is the only engine alive; or, with rounds: 0, compared with its recorded run.
     With rounds, the measurement's consistency is a criterion too: where it fails, the side that strayed has its
-    recorded run measured again, then the rounds once more; still inconsistent, it is undecided, never accepted.
-    A rung aiming at memory is judged on the memory it saves too, in the same runs; and every SLO
-    (gate.slos_still_met) on the rounds at their level, on the recorded runs at the others."""
+    recorded run measured again, then the rounds once more; still inconsistent, the criteria on those rounds are
+    undecided, never accepted. A rung aiming at memory is judged on the memory it saves too, in the same runs;
+    and every SLO (gate.slos_still_met) on the rounds at their level, on the recorded runs at the others."""
     cfg, gate = sweep.cfg, sweep.gate.aimed_at(aim)
     rounds_cfg = cfg.gate.interleaved
     slos = functools.partial(_slos, champion.bench, bench, cfg.gate)
     if not rounds_cfg.rounds:
         memory = [memory_saving.on_recorded(champion.bench, bench, gate)] if aim == "memory" else []
-        return [gate.performance(champion.bench, bench), *memory, *slos(None)]
+        return Judged([gate.performance(champion.bench, bench), *memory, *slos(None)], champion.bench, bench)
     if rounds_cfg.get("skip_without_recorded_gain", True):
         decided = gate.without_rounds(champion.bench, bench)
         if decided:
             rung_log.note(Tag.GATE_INTERLEAVED, "not run: the recorded runs show no gain, which no rounds "
                                                 "could turn into an acceptance")
-            return [decided, *slos(None)]
+            return Judged([decided, *slos(None)], champion.bench, bench)
     c = gate.objective_concurrency(champion.bench)
     rounds = _rounds(champion, cand, sweep, gate, name, apart, c, 1)
     recorded = {"champion": champion.bench, "challenger": bench}
-    consistency, again = gate.consistency(rounds, champion.bench, bench), []
+    consistency, again = gate.consistency(rounds, champion.bench, bench), None
     if not consistency.passed and cfg.benchmark.get("mode", "closed") == "closed":
         side = consistent.strayed(consistency)
-        again.append(f"the {side}'s own run")
         level = _recorded_again({"champion": champion.candidate, "challenger": cand}[side], sweep, name, apart, c,
                                 side)
         recorded[side] = recorded[side].with_level(level)
-        consistency = consistent.remeasured(consistency, gate.consistency(rounds, *recorded.values()), side)
+        again = consistent.Remeasured.of(consistency, side)
+        consistency = again.said(gate.consistency(rounds, recorded["champion"], recorded["challenger"]))
         rung_log.note(Tag.GATE_RECORDED_AGAIN, consistency.detail)
     if not consistency.passed:
         rung_log.note(Tag.GATE_FIRST_MEASUREMENT, f"inconsistent, measured again: {consistency.detail}")
         rung_log.log_rounds(rounds, cfg.gate.objective, "gate/first_interleaved_rounds.csv", "gate/first_round_ratio")
         rounds = _rounds(champion, cand, sweep, gate, name, apart, c, 2)
-        consistency = gate.consistency(rounds, *recorded.values())
-        if not consistency.passed:
-            consistency = consistent.undecided(consistency, " and ".join([*again, "the rounds"]) + " measured again")
+        consistency = gate.consistency(rounds, recorded["champion"], recorded["challenger"])
+        consistency = again.said(consistency) if again else consistency
     rung_log.log_rounds(rounds, cfg.gate.objective, "gate/interleaved_rounds.csv", "gate/round_ratio")
     rung_log.note(Tag.GATE_INTERLEAVED,
                   contender.ROUNDS_DONE[bool(rounds_cfg.get("fresh_build_per_run", False))])
-    memory = [memory_saving.on_rounds(rounds, gate)] if aim == "memory" else []
-    return [gate.interleaved(rounds), *memory, consistency, *slos(rounds)]
+    on_rounds = [gate.interleaved(rounds), *([memory_saving.on_rounds(rounds, gate)] if aim == "memory" else [])]
+    if not consistency.passed:
+        tried = " and ".join([*([f"the {again.side}'s own run"] if again else []), "the rounds"]) + " measured again"
+        consistency, on_rounds = consistent.undecided(consistency, tried, on_rounds)
+    return Judged([*on_rounds, consistency, *slos(rounds)], recorded["champion"], recorded["challenger"])
 
 
 def _recorded_again(cand: Candidate, sweep: Sweep, name: str, apart: contender.Apart, c: int, side: str):

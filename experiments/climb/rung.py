@@ -74,6 +74,9 @@ def _challenge_isolated(name, opt, champion, current, sweep: Sweep, run_id: str,
     sweep.scores.update(known)
     if champion is not None and champion.candidate is not None:   # its scores, completed by this rung's gate?
         champion.accuracy = sweep.scores.get(contender.numerics_key(champion.candidate), [champion.accuracy])[0]
+    if champion is not None and outcome.champion_bench is not None:  # its recorded run, measured again by this gate
+        champion.bench = outcome.champion_bench
+        rung_log.log_recorded_again(champion.bench, sweep.gate.objective_concurrency(champion.bench), champion.run_id)
     outcome.champion_before = champion
     return outcome
 
@@ -114,13 +117,19 @@ def _challenge(name, opt, champion, current, sweep: Sweep, run_id: str):
         else:
             aim = opt.aim_for(cand)
             rung_log.note(Tag.AIM, aim)
-            criteria = rounds.performance(champion, outcome.bench, cand, sweep, name, apart, aim)
+            judged = rounds.performance(champion, outcome.bench, cand, sweep, name, apart, aim)
+            criteria = judged.criteria
+            if judged.challenger is not outcome.bench:      # its recorded run measured again: the first disturbed
+                outcome.bench = judged.challenger
+                rung_log.log_recorded_again(outcome.bench, sweep.gate.objective_concurrency(champion.bench))
+            if judged.champion is not champion.bench:
+                outcome.champion_bench = judged.champion
             drift = sweep.scorer.judge(outcome.fidelity)   # fidelity (and generation agreement) vs the baseline
             if not opt.fidelity_gated:
                 rung_log.note(Tag.FIDELITY, "recorded, not gated for this rung: " + "; ".join(c.detail for c in drift))
                 drift = []
             criteria += scores.accuracy_criteria(champion, outcome, sweep, name, apart,
-                                                 pursue=all(c.passed for c in criteria + drift))
+                                                 pursue=all(c.passed or c.undecided for c in criteria + drift))
             criteria += drift
             criteria += soaking.soaked(cand, outcome.bench, criteria, sweep, name, run_id, apart)
             outcome.verdict = Verdict.from_criteria(criteria)

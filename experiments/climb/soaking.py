@@ -60,7 +60,9 @@ def objective_level(cfg) -> int:
 
 
 def _skipped(criteria: list[Criterion], cfg) -> str | None:
-    failed = [c.name for c in criteria if not c.passed]
+    failed = [c.name for c in criteria if not c.passed and not c.undecided]
     if failed:
         return f"{', '.join(failed)} failed first"
+    if open_ := [c.name for c in criteria if c.undecided]:
+        return f"{', '.join(open_)} undecided first"
     return None if cfg.soak.enabled else "soak.enabled=false"

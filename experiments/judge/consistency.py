@@ -10,7 +10,7 @@ so the champion stays and the verdict says so instead of calling the challenger 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from experiments.judge.gate import Criterion
 
@@ -18,23 +18,41 @@ SIDES = ("champion", "challenger")
 
 
 def strayed(crit: Criterion) -> str:
-    """The side whose rounds moved furthest (as a factor) from its own recorded run: the run to measure again."""
-    return max(SIDES, key=lambda side: abs(math.log1p(crit.numbers[f"{side}_deviation"])))
+    """The side whose rounds moved furthest (as a factor) from its own recorded run: the run to measure again (a
+    side with no successful request in the rounds, its deviation NaN, first)."""
+    def far(side: str) -> float:
+        deviation = crit.numbers[f"{side}_deviation"]
+        return math.inf if math.isnan(deviation) else abs(math.log1p(deviation))
+    return max(SIDES, key=far)
 
 
-def remeasured(first: Criterion, again: Criterion, side: str) -> Criterion:
-    """`again` (the criterion judged with `side`'s recorded run measured again), saying what the new run showed."""
-    was, rounds = first.numbers[f"{side}_recorded"], first.numbers[f"{side}_rounds"]
-    now = again.numbers[f"{side}_recorded"]
-    numbers = {**again.numbers, f"{side}_first_recorded": was, "remeasured_challenger": float(side == "challenger")}
-    seen = f"the {side}'s own run, measured again in a fresh process, read {now:.1f} (first {was:.1f}, rounds {rounds:.1f})"
-    if again.passed:
-        return replace(again, detail=f"{again.detail}; {seen}: its first run was the disturbed one", numbers=numbers)
-    return replace(again, detail=f"{again.detail}; {seen}", numbers=numbers)
+@dataclass(frozen=True)
+class Remeasured:
+    """A side's recorded run measured again: its first figure and the rounds' it disagreed with."""
+    side: str
+    first: float
+    rounds: float
+
+    @classmethod
+    def of(cls, crit: Criterion, side: str) -> "Remeasured":
+        return cls(side, crit.numbers[f"{side}_recorded"], crit.numbers[f"{side}_rounds"])
+
+    def said(self, crit: Criterion) -> Criterion:
+        """`crit` (judged with the run measured again) saying what that run read against the first."""
+        now = crit.numbers[f"{self.side}_recorded"]
+        seen = (f"the {self.side}'s own run, measured again in a fresh process, read {now:.1f} (first "
+                f"{self.first:.1f}, rounds {self.rounds:.1f})")
+        if crit.passed:
+            seen += ": its first run was the disturbed one"
+        numbers = {**crit.numbers, f"{self.side}_first_recorded": self.first,
+                   "remeasured_challenger": float(self.side == "challenger")}
+        return replace(crit, detail=f"{crit.detail}; {seen}", numbers=numbers)
 
 
-def undecided(crit: Criterion, tried: str) -> Criterion:
-    """The comparison still inconsistent after `tried`: undecided, which rejects nothing and accepts nothing."""
+def undecided(crit: Criterion, tried: str, on_rounds: list[Criterion]) -> tuple[Criterion, list[Criterion]]:
+    """The comparison still inconsistent after `tried`: undecided, and so is every criterion that failed on those
+    rounds (they measured something else than the two configurations): nothing accepted, nothing called worse."""
     why = crit.detail.removeprefix("measurement inconsistent: ")
-    return replace(crit, detail=f"the measurement stayed inconsistent after {tried}: {why}",
-                   undecided=True)
+    crit = replace(crit, detail=f"the measurement stayed inconsistent after {tried}: {why}", undecided=True)
+    return crit, [c if c.passed else replace(c, detail=f"{c.detail} (on rounds that disagree with the recorded "
+                                                        f"runs)", undecided=True) for c in on_rounds]

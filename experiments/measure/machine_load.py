@@ -1,6 +1,6 @@
 """How busy the machine is with other work, read while the sweep itself is idle (before it starts and between
-rungs): latencies measured beside other work read high and noisy, and the gate's consistency rule rejects a rung
-whose rounds and recorded runs disagree. Said up front and on every rung, so that a reviewer who reads
+rungs): latencies measured beside other work read high and noisy, and the gate's consistency rule leaves a rung
+undecided whose rounds and recorded runs disagree. Said up front and on every rung, so that a reviewer who reads
 "measurement inconsistent" can see why. The sweep's own processes (a rung's child still exiting, its fork
 server, its logging) are not other work: their CPU time is taken out of the machine's."""
 from __future__ import annotations
@@ -43,8 +43,8 @@ class MachineLoad:
     def warning(self) -> str | None:
         if not self.busy:
             return None
-        return (f"the machine is busy: {self.text()}. Latencies will read high and noisy, and the gate rejects a "
-                f"rung whose rounds and recorded runs disagree (\"measurement inconsistent\"); for numbers to "
+        return (f"the machine is busy: {self.text()}. Latencies will read high and noisy, and a rung whose rounds "
+                f"and recorded runs still disagree after both were measured again is undecided; for numbers to "
                 f"compare, run the sweep on a quiet machine")
 
     def to_metrics(self) -> dict[str, float]:

@@ -24,6 +24,7 @@ class RungOutcome:
     run_id: str | None = None
     champion_before: "RungOutcome | None" = None
     decode_floor_ms: float | None = None   # the memory-bandwidth floor of one stream's decode step (roofline)
+    champion_bench: BenchmarkReport | None = None   # the champion's recorded runs, one measured again by this gate
 
     def summary(self, top_concurrency: int) -> dict[str, float]:
         """The ladder table's numbers: each latency's P50 at the first level, the kind's throughput at the top."""

@@ -60,6 +60,7 @@ def html_report(title: str, outcomes: list[RungOutcome], top: int, figures: dict
 body{{font-family:sans-serif;margin:1.5em}} table{{border-collapse:collapse}} td,th{{border:1px solid #ccc;padding:4px 8px}}
 td.num{{text-align:right}} tr.accepted td:nth-child(2){{color:green}} tr.rejected td:nth-child(2){{color:#b00}}
 tr.failed td:nth-child(2){{color:#000;font-weight:bold}} tr.skipped td:nth-child(2){{color:#888}}
+tr.undecided td:nth-child(2){{color:#c60}}
 figure{{display:inline-block;margin:1em}} img{{max-width:760px}}
 </style></head><body><h1>{html.escape(title)}</h1><table><tr>{head}</tr>{''.join(rows)}</table>{plots}</body></html>
 """

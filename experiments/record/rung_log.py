@@ -2,11 +2,13 @@
 the gate's rounds and criteria, and its capacity plan."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from experiments.core.names import Tag
+from experiments.core.reports import BenchmarkReport
 from experiments.judge.accuracy import AccuracyReport, mlflow_name
 from experiments.judge.gate import Criterion
 from experiments.measure import interleaved
@@ -23,6 +25,16 @@ def log_measurements(outcome: RungOutcome) -> None:
     if outcome.fidelity is not None:
         tracking.log_metrics(outcome.fidelity.to_metrics())
     log_accuracy(outcome.accuracy)
+
+
+def log_recorded_again(bench: BenchmarkReport, concurrency: int, run_id: str | None = None) -> None:
+    """A level of a recorded run that a gate measured again (the first disturbed), on the active run or on
+    `run_id` (a champion's, measured again by a later rung's gate): logged again at its step, so that it is the
+    run's latest figure there (the history keeps both)."""
+    again = replace(bench, levels=(bench.level(concurrency),))
+    tracking.log_series(benchmark_log.metric_series(again), run_id=run_id)
+    if run_id is None:
+        tracking.log_text(benchmark_log.samples_csv(again), f"benchmark/samples_recorded_again_c{concurrency}.csv")
 
 
 def log_accuracy(reports: list[AccuracyReport]) -> None:

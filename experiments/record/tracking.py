@@ -185,12 +185,13 @@ def log_params(params: dict[str, str]) -> None:
         mlflow.log_params(dict(items[i:i + 100]))
 
 
-def log_series(series: dict[str, list[tuple[int, float]]], prefix: str = "") -> None:
+def log_series(series: dict[str, list[tuple[int, float]]], prefix: str = "", run_id: str | None = None) -> None:
+    """On the active run, or on `run_id`."""
     now = int(time.time() * 1000)
     metrics = [Metric(f"{prefix}{name}", value, now, step) for name, pts in series.items() for step, value in pts]
-    run = mlflow.active_run()
+    run_id = run_id or mlflow.active_run().info.run_id
     for i in range(0, len(metrics), 1000):
-        MlflowClient().log_batch(run.info.run_id, metrics=metrics[i:i + 1000])
+        MlflowClient().log_batch(run_id, metrics=metrics[i:i + 1000])
 
 
 @contextmanager
