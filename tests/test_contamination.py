@@ -21,7 +21,7 @@ def test_a_contender_that_slows_its_neighbours_in_process_is_not_accepted(tmp_pa
                                # contamination (the champion ~2x slower) is still accepted in 16 rounds.
                                "gate.interleaved.skip_without_recorded_gain=false", "gate.confidence=0.99",
                                "gate.interleaved.rounds=16", "gate.interleaved.min_requests=16",
-                               "+ladder.rungs.disturbing={_target_:faults.Disturbing}"),
+                               "+ladder.rungs.disturbing={_target_:faults.Disturbing}", profile="quick"),
                           cwd=REPO, env=_env(), capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rungs = {r.data.tags["roi.rung"]: r for r in _runs(tmp_path) if r.data.tags.get("roi.kind") == "rung"}

@@ -1,7 +1,7 @@
 """Scale-out on Hydra's launchers: sweeps in parallel (joblib) and as submitit jobs, into one MLflow store.
 
-The sweeps are the quick profile on the two-rung engine-swap ladder, with a shorter accuracy run: what is checked
-here is where the runs land, not what they measure."""
+The sweeps are the plumbing profile (conf/profile/plumbing.yaml: one level, 20 documents, no rounds, no soak) on the
+two-rung engine-swap ladder: what is checked here is where the runs land, not what they measure."""
 import multiprocessing
 import os
 import subprocess
@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 RUNGS = ["baseline", "onnxruntime"]
-FAST = ["ladder=engine-swap", "profile=quick", "accuracy.limit=50", "gate.fidelity.sequences=8"]
+FAST = ["ladder=engine-swap", "profile=plumbing"]
 # Two jobs on this machine's 2 cores: one engine thread each (two threads each ran ~2x slower, oversubscribed).
 # tiny-llm's build keeps 2 threads, the build the model_dir fixture made (a build's threads are in its hash);
 # `++` because minilm has no build section (it ignores the key).

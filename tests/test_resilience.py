@@ -14,12 +14,13 @@ from mlflow.tracking import MlflowClient
 from verdicts import assert_decided
 
 pytestmark = pytest.mark.slow
-FAST = ["profile=quick", "accuracy.limit=80", "gate.fidelity.sequences=8"]
 
 
-def _cmd(data, *overrides):
-    return [sys.executable, "-m", "experiments.cli", "sweep", *FAST, f"data_dir={data}", f"cache_dir={SHARED_CACHE}",
-            *overrides]
+def _cmd(data, *overrides, profile="plumbing"):
+    """A sweep into `data`; by default on the plumbing profile (one level, 20 documents, no rounds, no soak): what
+    these tests check is what survives a crash or a stop, not what was measured."""
+    return [sys.executable, "-m", "experiments.cli", "sweep", f"profile={profile}", f"data_dir={data}",
+            f"cache_dir={SHARED_CACHE}", *overrides]
 
 
 def _env():

@@ -117,9 +117,9 @@ def test_no_accepted_rung_is_slower_than_its_champion_in_their_own_recorded_numb
     by_id = {r.info.run_id: r for r in runs}
     top = 2                                                   # the quick profile's highest level
 
-    def objective(run):
-        (point,) = [m for m in client.get_metric_history(run.info.run_id, "e2e_ms_mean") if m.step == top]
-        return point.value
+    def objective(run):   # the latest: a level the gate measured again (its first run disturbed) is logged twice
+        points = [m for m in client.get_metric_history(run.info.run_id, "e2e_ms_mean") if m.step == top]
+        return max(points, key=lambda m: m.timestamp).value
 
     accepted = [r for r in runs if r.data.tags.get("roi.kind") == "rung" and r.data.tags["roi.verdict"] == "accepted"
                 and r.data.tags["roi.rung"] != "baseline"]
@@ -182,9 +182,8 @@ def test_the_sweep_reused_the_built_model(sweep):
 
 
 def test_multirun_sweeps_each_job_into_the_same_store(model_dir, tmp_path):
-    # what is tested is the two jobs' store and the gate setting each ran under: fewer documents and windows
-    cmd = [sys.executable, "-m", "experiments.cli", "sweep", "--multirun", "profile=quick", "ladder=engine-swap",
-           "accuracy.limit=50", "gate.fidelity.sequences=8", "soak.enabled=false",
+    # what is tested is the two jobs' store and the gate setting each ran under: the plumbing profile
+    cmd = [sys.executable, "-m", "experiments.cli", "sweep", "--multirun", "profile=plumbing", "ladder=engine-swap",
            "gate.min_gain=0.05,0.99", f"data_dir={tmp_path}", f"cache_dir={SHARED_CACHE}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -21,7 +21,8 @@ def test_runs_table_joins_the_name_and_verdict_cells_of_a_row():
 @pytest.mark.skipif(find_chromium() is None, reason="Chromium is not installed (apt-get install -y chromium); "
                                                      "the browser check of the MLflow UI cannot run here")
 def test_the_runs_table_shows_every_rung_and_its_verdict(model_dir, tmp_path):
-    result = run_check(tmp_path, find_chromium(), "engine-swap", SHARED_CACHE)
+    # what is read is the UI, not the measurements: the plumbing profile's one level, 20 documents, no rounds
+    result = run_check(tmp_path, find_chromium(), "engine-swap", SHARED_CACHE, profile="plumbing")
     print(result.to_text())
     assert set(result.expected) == {"baseline", "onnxruntime"}
     assert result.ok, result.to_text()
@@ -39,7 +40,8 @@ def test_the_runs_table_shows_every_rung_and_its_verdict(model_dir, tmp_path):
             "queueing", "saturation", "memory_bound", "overhead", "compute_bound", "model", "outside_engine",
             "cpu_side", "memory_capacity"}
         assert run.data.tags["roi.recommended_next_rung"] and run.data.tags["roi.recommended_next_rung.reason"]
-    assert "diagnosis/queue_share_c2" in parent.data.metrics and "profile/decode_step_ms" in parent.data.metrics
+    # at the plumbing profile's one level, c=1
+    assert "diagnosis/queue_share_c1" in parent.data.metrics and "profile/decode_step_ms" in parent.data.metrics
     assert "roi.diagnosis.framework_profile" not in parent.data.tags          # the profiler did not fail
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "ui-check")} == {
         "ui-check/ladder.png", "ui-check/experiment.png", "ui-check/sweep.png", "ui-check/report.png"}

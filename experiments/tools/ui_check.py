@@ -80,7 +80,7 @@ class UiCheckResult:
 
 
 def run_check(data_dir: Path, chromium: str, ladder: str = "engine-swap", cache_dir: Path | None = None,
-              budget_ms: int = 20000, log=print) -> UiCheckResult:
+              budget_ms: int = 20000, log=print, profile: str = "quick") -> UiCheckResult:
     """Server, sweep, shared view, browser, DOM; the server's whole process group is stopped in any case."""
     port, seconds = free_port(), {}
     started = time.perf_counter()
@@ -89,9 +89,9 @@ def run_check(data_dir: Path, chromium: str, ladder: str = "engine-swap", cache_
         wait_healthy(port, server)
         seconds["server start"] = time.perf_counter() - started
         uri = f"http://127.0.0.1:{port}"
-        log(f"mlflow server up on {uri} (process group {server.pid}); running a quick sweep into it")
+        log(f"mlflow server up on {uri} (process group {server.pid}); running a {profile} sweep into it")
         t = time.perf_counter()
-        sweep(data_dir, uri, ladder, cache_dir)
+        sweep(data_dir, uri, ladder, cache_dir, profile)
         seconds["sweep"] = time.perf_counter() - t
         experiment_id, expected, parent = rung_verdicts(uri)
         # the runs view the sweep saved and printed: its rungs flat, verdict column shown
@@ -136,8 +136,8 @@ def wait_healthy(port: int, server: subprocess.Popen, timeout_s: float = 120) ->
     raise RuntimeError(f"mlflow server did not answer /health within {timeout_s:.0f} s")
 
 
-def sweep(data_dir: Path, uri: str, ladder: str, cache_dir: Path | None) -> None:
-    cmd = [sys.executable, "-m", "experiments.cli", "sweep", "profile=quick", f"ladder={ladder}",
+def sweep(data_dir: Path, uri: str, ladder: str, cache_dir: Path | None, profile: str = "quick") -> None:
+    cmd = [sys.executable, "-m", "experiments.cli", "sweep", f"profile={profile}", f"ladder={ladder}",
            f"data_dir={data_dir}", f"tracking.uri={uri}"] + ([f"cache_dir={cache_dir}"] if cache_dir else [])
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
