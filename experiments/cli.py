@@ -129,7 +129,7 @@ def _registry_command(command: str, argv: list[str]) -> int:
         parser.add_argument("--reason", default="", help="why; recorded on the version rolled back from")
     args, overrides = parser.parse_known_args(argv)
     quiet_libraries()
-    tracking_cfg = _compose(overrides).tracking
+    tracking_cfg = on_the_latest_sweep(_compose(overrides), overrides).tracking
     if command == "promote":
         r = registry.promote(tracking_cfg, args.run, args.name)
         print(f"promoted run {r.run_id}: {r.model_name} version {r.version} is the champion "
@@ -180,6 +180,8 @@ def _http_command(command: str, argv: list[str]) -> int:
     ui = SweepConsole()
     try:
         cfg = _compose(overrides)
+        if command == "soak" or (command == "serve" and args.champion is not None):
+            cfg = on_the_latest_sweep(cfg, overrides)
         if command == "soak":
             from experiments.climb.followup_soak import soak_rung  # start-up
 
@@ -209,6 +211,23 @@ def _http_command(command: str, argv: list[str]) -> int:
 
 def _compose(overrides: list[str]):
     return compose(overrides)
+
+
+def on_the_latest_sweep(cfg, overrides: list[str]):
+    """Without target= (or tracking.experiment=), the commands that read a sweep act on the store's latest one,
+    whatever its target: `make sweep target=smollm2`, then `make promote`, promotes that sweep's champion."""
+    if any(o.lstrip("+~").startswith(("target", "tracking.experiment")) for o in overrides):
+        return cfg
+    from omegaconf import OmegaConf  # start-up
+
+    from experiments.record import tracking  # start-up
+
+    latest = tracking.latest_sweep_experiment(cfg.tracking)
+    if latest and latest != cfg.tracking.experiment:
+        print(f"acting on the store's latest sweep, in experiment {latest!r} (target=... chooses another)",
+              file=sys.stderr)
+        OmegaConf.update(cfg, "tracking.experiment", latest)
+    return cfg
 
 
 def _sweep_app() -> int:

@@ -174,6 +174,26 @@ def test_default_run_is_the_latest_sweeps_champion(cfg, sweep):
     assert result.run_id == newer["baseline"] != sweep["baseline"]
 
 
+def test_without_a_target_the_commands_act_on_the_stores_latest_sweep_whatever_its_target(cfg, sweep, tmp_path):
+    """`make sweep target=smollm2`, then `make promote` (no target=): that sweep's champion, registered as
+    roi-ladder-smollm2, not a search in roi-ladder/tiny-llm; target=... still chooses."""
+    from experiments.cli import on_the_latest_sweep
+
+    other = compose([f"data_dir={tmp_path}", f"cache_dir={SHARED_CACHE}", "target=smollm2"])
+    with open_dict(other):
+        del other["hydra"]
+    newer = log_sweep(other, [("baseline", "accepted", BASE, 50.0)])
+    assert tracking.latest_sweep_experiment(cfg.tracking) == "roi-ladder/smollm2"
+    chosen = on_the_latest_sweep(cfg.copy(), [f"data_dir={tmp_path}"])
+    assert chosen.tracking.experiment == "roi-ladder/smollm2"
+    result = registry.promote(chosen.tracking, None, None)
+    assert result.run_id == newer["baseline"] and result.model_name == "roi-ladder-smollm2"
+    assert registry.status(chosen.tracking)[0]["version"] == "1"
+    kept = on_the_latest_sweep(cfg.copy(), ["target=tiny-llm"])
+    assert kept.tracking.experiment == "roi-ladder/tiny-llm"
+    assert registry.promote(kept.tracking, None, None).run_id == sweep["onnxruntime"]
+
+
 def test_model_name_is_configurable(cfg, sweep):
     result = registry.promote(cfg.tracking, sweep["baseline"], "serving-llm")
     assert result.model_name == "serving-llm" and champion("serving-llm") == "1"

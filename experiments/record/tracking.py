@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from experiments.core.errors import ConfigError, SweepInterrupted
+from experiments.core.names import Tag
 from experiments.core.secrets import scrub_params, scrub_text, scrub_tree
 
 MAX_PARAM_CHARS = 500
@@ -33,6 +34,19 @@ DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
 # Driver arguments that bound one connection attempt; the probe's thread deadline bounds any other driver.
 CONNECT_TIMEOUT_ARGS = {"postgresql": {"connect_timeout": int(PROBE_TIMEOUT_S)},
                         "mysql": {"connect_timeout": int(PROBE_TIMEOUT_S)}}
+
+
+def latest_sweep_experiment(cfg) -> str | None:
+    """The experiment of the store's latest finished sweep, whatever its target (None: no sweep there yet; a
+    sqlite store that does not exist is not created)."""
+    uri = str(cfg.uri)
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return None
+    client = MlflowClient(tracking_uri=uri)
+    ours = {e.experiment_id: e.name for e in client.search_experiments(filter_string="name LIKE 'roi-ladder/%'")}
+    runs = client.search_runs(list(ours), f"tags.`{Tag.KIND}` = 'sweep' and attributes.status = 'FINISHED'",
+                              max_results=1, order_by=["attributes.start_time DESC"]) if ours else []
+    return ours[runs[0].info.experiment_id] if runs else None
 
 
 def connect(cfg) -> str:
