@@ -24,9 +24,11 @@ from rich.console import Console
 from rich.table import Table
 from scipy import stats
 
+from experiments.core.names import Tag
+
 VERDICTS = ("accepted", "rejected", "undecided", "skipped", "failed")
 HOME = Path(os.environ.get("ROI_LADDER_HOME", ".roi"))
-GATE, NOT_CRITERIA = "roi.gate.", {"roi.gate.first_measurement", "roi.gate.interleaved", "roi.gate.recorded_again"}
+GATE, NOT_CRITERIA = Tag.GATE, {Tag.GATE_FIRST_MEASUREMENT, Tag.GATE_INTERLEAVED, Tag.GATE_RECORDED_AGAIN}
 
 
 @dataclass
@@ -62,15 +64,16 @@ def read_sweep(data: Path, seconds: float) -> Sweep:
     client = MlflowClient(tracking_uri=f"sqlite:///{data}/mlflow.db")
     ids = [e.experiment_id for e in client.search_experiments()]
     runs = sorted(client.search_runs(ids, max_results=1000) if ids else [], key=lambda r: r.info.start_time)
-    parent = next((r for r in runs if r.data.tags.get("roi.kind") == "sweep"), None)
-    out = Sweep(seconds, parent.data.tags.get("roi.champion_rung", "none") if parent else "none")
+    parent = next((r for r in runs if r.data.tags.get(Tag.KIND) == "sweep"), None)
+    out = Sweep(seconds, parent.data.tags.get(Tag.CHAMPION_RUNG, "none") if parent else "none")
     for r in runs:
         tags = r.data.tags
-        if tags.get("roi.kind") == "rung":
-            out.verdicts[tags["roi.rung"]] = tags.get("roi.verdict", "no verdict")
-            out.deciding[tags["roi.rung"]] = deciding(tags, r.data.metrics)
+        if tags.get(Tag.KIND) == "rung":
+            rung = tags[Tag.RUNG]
+            out.verdicts[rung] = tags.get(Tag.VERDICT, "no verdict")
+            out.deciding[rung] = deciding(tags, r.data.metrics)
             if "gate/performance/ratio_ci_high" in r.data.metrics:
-                out.ratios[tags["roi.rung"]] = tuple(r.data.metrics[f"gate/performance/{k}"]
+                out.ratios[rung] = tuple(r.data.metrics[f"gate/performance/{k}"]
                                                      for k in ("ratio", "ratio_ci_low", "ratio_ci_high"))
     return out
 
@@ -85,8 +88,8 @@ def deciding(tags: dict, metrics: dict) -> str:
                  f" needed)")
     against = {k[len(GATE):]: v.split(": ", 1)[-1] for k, v in sorted(tags.items())
                if k.startswith(GATE) and k not in NOT_CRITERIA and not v.startswith("pass")}
-    if tags.get("roi.verdict") not in ("rejected", "undecided") or not against:
-        return speed or tags.get("roi.reason", "")[:100]
+    if tags.get(Tag.VERDICT) not in ("rejected", "undecided") or not against:
+        return speed or tags.get(Tag.REASON, "")[:100]
     said = [speed if name == "performance" and speed else f"{name}: {text[:100]}" for name, text in against.items()]
     return "; ".join(said if "performance" in against or not speed else [*said, speed])
 

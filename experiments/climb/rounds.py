@@ -83,8 +83,7 @@ def _recorded_again(cand: Candidate, sweep: Sweep, name: str, apart: contender.A
     """`side`'s recorded run at c measured again as its load ladder measured it (the same load settings and
     requests), on a fresh build in a fresh process."""
     cfg = sweep.cfg
-    order = [int(x) for x in cfg.benchmark.concurrency]
-    block = LADDER + (order.index(c) if c in order else len(order))
+    block = LADDER + [int(x) for x in cfg.benchmark.concurrency].index(c)   # the level's place in the ladder
     build = functools.partial(build_engine, cand, int(cfg.threads), Path(cfg.cache_dir) / "artefacts")
     with sweep.ui.stage(f"{name}: the rounds disagree with the {side}'s own run: that run measured again at c={c}, "
                         f"in a process of its own"):

@@ -129,12 +129,11 @@ def _latest_champion_run(client: MlflowClient, tracking_cfg):
 
 def _latest_sweep(client: MlflowClient, tracking_cfg):
     exp = client.get_experiment_by_name(str(tracking_cfg.experiment))
-    runs = client.search_runs([exp.experiment_id], f"tags.`{Tag.KIND}` = 'sweep' and attributes.status = 'FINISHED'",
-                              max_results=1, order_by=["attributes.start_time DESC"]) if exp else []
-    if not runs:
+    run = tracking.latest_sweep(client, [exp.experiment_id] if exp else [])
+    if run is None:
         raise ConfigError(f"no finished sweep in experiment {tracking_cfg.experiment!r} at {tracking_cfg.uri}",
                           "run `make sweep` first (or pass the same target/tracking overrides as the sweep)")
-    return runs[0]
+    return run
 
 
 def _default_name(sweep) -> str:

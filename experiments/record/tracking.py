@@ -44,9 +44,15 @@ def latest_sweep_experiment(cfg) -> str | None:
         return None
     client = MlflowClient(tracking_uri=uri)
     ours = {e.experiment_id: e.name for e in client.search_experiments(filter_string="name LIKE 'roi-ladder/%'")}
-    runs = client.search_runs(list(ours), f"tags.`{Tag.KIND}` = 'sweep' and attributes.status = 'FINISHED'",
-                              max_results=1, order_by=["attributes.start_time DESC"]) if ours else []
-    return ours[runs[0].info.experiment_id] if runs else None
+    run = latest_sweep(client, list(ours))
+    return ours[run.info.experiment_id] if run else None
+
+
+def latest_sweep(client: MlflowClient, experiment_ids: list[str]):
+    """The latest finished sweep's run in these experiments, or None."""
+    runs = client.search_runs(experiment_ids, f"tags.`{Tag.KIND}` = 'sweep' and attributes.status = 'FINISHED'",
+                              max_results=1, order_by=["attributes.start_time DESC"]) if experiment_ids else []
+    return runs[0] if runs else None
 
 
 def connect(cfg) -> str:
