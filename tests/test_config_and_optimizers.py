@@ -28,7 +28,8 @@ def test_every_profile_composes(profile, tmp_path):
 
 
 LADDERS = {"serving-quantized": ["baseline", "llama_cpp_defaults", "vllm_defaults", "onnxruntime", "vllm", "int8",
-                                  "int4", "llama_cpp", "server_batching", "q4_0", "iq4_nl", "kv_cache_dtype",
+                                  "int4", "llama_cpp", "static_batching", "dynamic_batching",
+                                  "continuous_batching", "server_batching", "q4_0", "iq4_nl", "kv_cache_dtype",
                                   "speculative_ngram"],
            "llama-cpp": ["baseline", "llama_cpp_defaults", "llama_cpp", "server_batching", "int8", "int4", "q4_0",
                          "iq4_nl", "kv_cache_dtype", "speculative_ngram", "prefix_caching"],

@@ -426,3 +426,28 @@ def test_swaps_after_a_llama_cpp_default_champion_enter_where_they_can_run():
     assert vllm.apply(default).recipe.quantization == "none"
     assert "vLLM quantizes to fp8 on a GPU here" in vllm.decision and "unquantized weights at fp32" in vllm.decision
     assert "fp8 on a GPU" in refusal(candidate(engine="vllm", quantization="int8"))      # the refusal stands alone
+
+
+@pytest.mark.parametrize("ladder", ["serving", "serving-quantized"])
+def test_the_serving_ladders_batch_an_in_process_champion_and_leave_a_servers_batch_to_server_batching(ladder):
+    """ONNX Runtime serves one request at a time unless a batching rung says otherwise: the serving ladders try its
+    batching after the engine swaps; a served champion already batches continuously, its batch sized by
+    server_batching."""
+    from conftest import compose
+    from hydra.utils import instantiate
+
+    from optimizers.onnxruntime_engine import OnnxRuntimeSwap
+
+    rungs = list(compose([f"ladder={ladder}"]).ladder.rungs.items())
+    names = [n for n, _ in rungs]
+    batching = ["static_batching", "dynamic_batching", "continuous_batching"]
+    assert names.index("llama_cpp") < names.index("static_batching") and \
+        names[names.index("static_batching"):names.index("server_batching")] == batching
+    default = EngineDefaults("llama.cpp").apply(candidate())
+    in_process = OnnxRuntimeSwap().apply(default)
+    for name, rung in rungs:
+        if name in batching:
+            rung = instantiate(rung)
+            assert "already uses continuous batching" in rung.check(CPU, default)
+            assert rung.check(CPU, in_process) is None
+            assert rung.apply(in_process).recipe.batching == name.split("_")[0]
