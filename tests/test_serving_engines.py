@@ -14,6 +14,7 @@ from experiments.climb.contender import numerics_key
 from experiments.core.recipe import Candidate, Env, Recipe, Target
 from experiments.judge.fidelity import TopLogprobs, kl_per_position, predicting
 from experiments.serving import engine_class, refusal
+from experiments.serving.backends.llama_cpp.causal_lm import command as llama_command
 from experiments.serving.backends.llama_cpp.causal_lm import gguf_type
 from experiments.serving.backends.vllm.causal_lm import VllmEngine, command
 from experiments.serving.environments import EngineEnvironment, EngineUnavailable
@@ -451,3 +452,25 @@ def test_the_serving_ladders_batch_an_in_process_champion_and_leave_a_servers_ba
             assert "already uses continuous batching" in rung.check(CPU, default)
             assert rung.check(CPU, in_process) is None
             assert rung.apply(in_process).recipe.batching == name.split("_")[0]
+
+
+def test_compute_threads_keep_a_core_for_the_rest_of_the_server():
+    """llama-server decodes on all the sweep's threads but one and processes prompts on all; an in-process
+    engine is built with one fewer; vLLM binds its own threads; one core leaves none to spare."""
+    from optimizers.compute_threads import ComputeThreads
+    from optimizers.onnxruntime_engine import OnnxRuntimeSwap
+
+    rung = ComputeThreads()
+    llama = ServingEngineSwap("llama.cpp", max_num_seqs=4).apply(candidate(quantization="int8"))
+    assert rung.check(CPU, llama) is None
+    args = llama_command(rung.apply(llama), Path("llama-server"), Path("m.gguf"), threads=2, model_context=2048)
+    assert args[args.index("--threads") + 1] == "1" and args[args.index("--threads-batch") + 1] == "2"
+    untouched = llama_command(llama, Path("llama-server"), Path("m.gguf"), threads=2, model_context=2048)
+    assert untouched[untouched.index("--threads") + 1] == "2" and "--threads-batch" not in untouched
+    in_process = rung.apply(OnnxRuntimeSwap().apply(candidate()))
+    assert rung.check(CPU, OnnxRuntimeSwap().apply(candidate())) is None
+    assert engine_class(in_process).compute_threads(in_process.recipe, 2) == 1
+    assert engine_class(in_process).compute_threads(replace(in_process.recipe, threads=0), 2) == 2
+    assert "keeps a core for its scheduler" in rung.check(CPU, candidate(engine="vllm"))
+    assert "none to spare" in rung.check(replace(CPU, cpu_count=1), llama)
+    assert "already set" in rung.check(CPU, rung.apply(llama))

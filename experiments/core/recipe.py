@@ -46,6 +46,9 @@ class Recipe:
     # Serving engines: the weights' storage format where one quantization has several (llama.cpp int4: Q4_K_M,
     # or Q4_0 / IQ4_NL, which its CPU backend repacks into interleaved blocks at load); "": the engine's usual.
     weight_format: str = ""
+    # The engine's compute threads: 0, the sweep's `threads`; below 0, that many cores of them kept for the rest
+    # of the serving process (its HTTP thread, tokenizer, scheduler); above 0, that many (Engine.compute_threads).
+    threads: int = 0
     # Serving engines: started as their users start them, with the model and no other setting (the reference a
     # sweep must beat); the other fields then say what those defaults are. Any rung's edit clears it.
     defaults: bool = False

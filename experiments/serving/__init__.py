@@ -70,5 +70,8 @@ def continuous_changes(cand: Candidate, scheduler: str) -> dict:
 
 
 def build_engine(cand: Candidate, threads: int, artefact_root: Path) -> Engine:
-    """The engine for the candidate's recipe; its constructor refuses a recipe it cannot build."""
-    return engine_class(cand)(cand, threads, artefact_root)
+    """The engine for the candidate's recipe; its constructor refuses a recipe it cannot build. An in-process
+    engine is given the threads its recipe says; a server reads its recipe beside the sweep's `threads`."""
+    cls = engine_class(cand)
+    return cls(cand, threads if issubclass(cls, ServedEngine) else cls.compute_threads(cand.recipe, threads),
+               artefact_root)

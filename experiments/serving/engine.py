@@ -30,6 +30,11 @@ class Engine(ABC):
         return None
 
     @classmethod
+    def compute_threads(cls, recipe: Recipe, threads: int) -> int:
+        """The threads this engine computes with, given the sweep's `threads` (recipe.threads says how many)."""
+        return max(1, threads + recipe.threads) if recipe.threads < 0 else recipe.threads or threads
+
+    @classmethod
     def require_buildable(cls, cand: Candidate) -> None:
         if reason := cls.refuses(cand):
             raise ValueError(reason)

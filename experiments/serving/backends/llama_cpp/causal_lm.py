@@ -8,6 +8,7 @@ load for AVX2 / AVX-512 kernels), made from the user's own weights by llama-quan
 0: llama.cpp's defaults); prefix_caching -> its prompt cache and its host-memory copies of past prompts
 (--cache-ram, capped at its default 8 GiB), on as llama-server starts and as the swap enters (the load sends no
 prompt twice unless the workload repeats, so the cache cannot flatter it); off: --no-cache-prompt --cache-ram 0.
+recipe.threads -> --threads (decoding), with --threads-batch keeping the sweep's `threads` for prompts.
 
 llama-server returns no prompt log-probs (it ignores `echo`), so each position is scored by asking for one token
 with that position's real next token forced by a logit bias: the probabilities it reports come from the raw
@@ -155,8 +156,11 @@ def command(cand: Candidate, server: Path, gguf: Path, threads: int, model_conte
     slots = r.max_batch if r.batching == "continuous" else 1
     context = min(model_context, MAX_CONTEXT)
     args = [str(server), "-m", str(gguf), "--alias", cand.target.name, "--host", "127.0.0.1", "--port", "{port}",
-            "--parallel", str(slots), "-c", str(context * slots), "--threads", str(threads), "--metrics",
-            "--no-webui"]
+            "--parallel", str(slots), "-c", str(context * slots), "--threads",
+            str(LlamaCppEngine.compute_threads(r, threads)), "--metrics", "--no-webui"]
+    if r.threads:
+        # the threads it decodes with; prompts (compute-bound) still take all of them
+        args += ["--threads-batch", str(threads)]
     if r.batching == "continuous" and r.max_tokens_per_step > 0:
         # the physical batch (ubatch) cannot exceed the logical one
         args += ["--batch-size", str(r.max_tokens_per_step), "--ubatch-size", str(r.max_tokens_per_step)]

@@ -53,6 +53,9 @@ class VllmEngine(ServedEngine):
             return f"vLLM stores its KV cache in fp8 on a GPU here, not {r.kv_cache_dtype} on {r.execution_provider}"
         if r.speculative not in ("none", "ngram"):
             return f"vLLM's speculative decoding here is n-gram lookup, not {r.speculative}"
+        if r.threads:
+            return ("vLLM binds its own CPU threads: VLLM_CPU_OMP_THREADS_BIND=auto already keeps a core for its "
+                    "scheduler")
         if r.devices_per_replica > 1 and cpu:
             return "tensor and pipeline parallelism split a model across GPUs; the champion runs on the CPU"
         return None
