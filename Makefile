@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 # Hydra overrides: `make sweep profile=quick target=tiny-llm` or `make sweep ARGS="gate.min_gain=0.1"`.
 OVERRIDES := $(foreach v,target profile ladder gate benchmark tracking experiment,$(if $($(v)),$(v)=$($(v)))) $(ARGS)
 
-.PHONY: setup browser sweep ui ui-check server-check test test-fast bench bench-gpu gpu-resolve bench-gate bench-agreement bench-slo bench-ladder promote soak rollback status serve llama-cpp clean
+.PHONY: setup browser sweep ui ui-check server-check test test-fast bench bench-gpu gpu-resolve bench-gate bench-agreement bench-slo bench-ladder bench-served promote soak rollback status serve llama-cpp clean
 setup: $(STAMP)
 
 # pip byte-compiles what it installs on one core (~65 s of a first install here); --no-compile, then compileall on
@@ -145,6 +145,13 @@ bench-slo: setup
 # the usual overrides: `make bench-ladder profile=quick`; ARGS="--read <folder>" reports on an earlier run's sweeps).
 bench-ladder: setup
 	$(BIN)/python -m experiments.benchmarks.ladder_repeat --runs $(or $(RUNS),5) $(OVERRIDES)
+
+# Like with like: an in-process candidate measured as the sweep measures it and behind `roi-ladder serve`, on the
+# same requests, alternating (experiments/benchmarks/served_vs_in_process.py; RUNGS=onnxruntime,int8 by default,
+# ROUNDS=3; e.g. `make bench-served target=smollm2`): the ratio of tokens/s and TPOT per level, with its interval.
+SERVED_RUNGS := onnxruntime,int8
+bench-served: setup
+	$(BIN)/python -m experiments.benchmarks.served_vs_in_process --rungs $(or $(RUNGS),$(SERVED_RUNGS)) --rounds $(or $(ROUNDS),3) $(OVERRIDES)
 
 # Generation agreement's error rates on known answers (experiments/benchmarks/agreement_check.py): harmless
 # changes (int8 weight-only, bf16, exact engine swaps, ONNX Runtime fp32 and int8) must pass, broken engines

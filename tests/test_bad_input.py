@@ -249,7 +249,7 @@ def numeric_leaves(node, prefix: str = ""):
 # metric by gate.check_config and experiments/judge/task_metrics.py)
 NOT_TABLED = ("ladder.*", "target.build.*", "isolation.rungs", "accuracy.include_path", "hardware.peak_*",
               "benchmark.slos", "diagnosis.next_rung.*", "target.workload.corpus",
-              "target.kind", "gate.accuracy.metric")
+              "target.kind", "gate.accuracy.metric", "target.draft_model")
 
 
 @pytest.mark.parametrize("target", ["tiny-llm", "minilm", "smollm2", "folder"])

@@ -30,9 +30,10 @@ def test_every_profile_composes(profile, tmp_path):
 LADDERS = {"serving-quantized": ["baseline", "llama_cpp_defaults", "vllm_defaults", "onnxruntime", "vllm", "int8",
                                   "int4", "llama_cpp", "static_batching", "dynamic_batching", "continuous_batching",
                                   "server_batching", "compute_threads", "q4_0", "iq4_nl", "kv_cache_dtype",
-                                  "speculative_ngram"],
+                                  "speculative_ngram", "speculative_draft"],
            "llama-cpp": ["baseline", "llama_cpp_defaults", "llama_cpp", "server_batching", "compute_threads", "int8",
-                         "int4", "q4_0", "iq4_nl", "kv_cache_dtype", "speculative_ngram", "prefix_caching"],
+                         "int4", "q4_0", "iq4_nl", "kv_cache_dtype", "speculative_ngram", "speculative_draft",
+                         "prefix_caching"],
            "vllm": ["baseline", "vllm_defaults", "vllm", "server_batching", "half_precision", "cuda_graph", "fp8",
                     "speculative_ngram", "kv_cache_dtype", "prefix_caching"]}
 

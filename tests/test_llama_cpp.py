@@ -159,3 +159,23 @@ def test_the_load_ladder_gives_a_caching_server_nothing_to_read_from_its_cache(s
         assert computed_share(Workload.from_texts(texts, tokenizer, [32, 48], [2], 3, 2, seed=6)) > 0.9
     finally:
         engine.close()
+
+
+def test_a_draft_model_proposes_tokens_and_the_answer_stays_the_models(smollm2, torch_engine, tmp_path):
+    """speculative_draft with a folder as the draft (a Q8_0 made from it): llama-server drafts and verifies, and
+    its greedy answer is the one it gives without a draft."""
+    prompt = torch_engine.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n", add_special_tokens=False)
+    plain = Recipe(engine="llama.cpp", quantization="int8", batching="continuous", max_batch=1)
+    answers = []
+    for recipe in (plain, Recipe(**{**plain.__dict__, "speculative": "draft",
+                                    "draft_model": str(smollm2.model_dir)})):
+        engine = build_engine(Candidate(smollm2, recipe), 2, tmp_path)
+        try:
+            answers.append([t for t, _ in engine.generate(prompt, 12)])
+            body = engine._native(prompt, n_predict=12, ignore_eos=True)
+            if recipe.speculative == "draft":
+                assert engine.draft.is_file() and "--model-draft" in engine.process.command
+                assert body["timings"]["draft_n"] > 0 and body["timings"]["draft_n_accepted"] > 0, body["timings"]
+        finally:
+            engine.close()
+    assert answers[0] == answers[1]

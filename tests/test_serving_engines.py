@@ -474,3 +474,25 @@ def test_compute_threads_keep_a_core_for_the_rest_of_the_server():
     assert "keeps a core for its scheduler" in rung.check(CPU, candidate(engine="vllm"))
     assert "none to spare" in rung.check(replace(CPU, cpu_count=1), llama)
     assert "already set" in rung.check(CPU, rung.apply(llama))
+
+
+def test_a_draft_model_is_llama_servers_model_draft_and_skips_without_one(tmp_path):
+    from experiments.climb.validation import rung_from
+    from experiments.core.errors import ConfigError
+    from omegaconf import OmegaConf
+    from optimizers.speculative_draft import DraftSpeculation
+
+    draft = tmp_path / "draft.gguf"
+    draft.write_bytes(b"GGUF")
+    llama = ServingEngineSwap("llama.cpp", max_num_seqs=4).apply(candidate(quantization="int8"))
+    assert "no draft model named" in DraftSpeculation().check(CPU, llama)
+    rung = DraftSpeculation(str(draft))
+    assert rung.check(CPU, llama) is None
+    args = llama_command(rung.apply(llama), Path("llama-server"), Path("m.gguf"), 2, 2048, draft)
+    assert args[args.index("--model-draft") + 1] == str(draft) and args[args.index("--spec-type") + 1] == "draft-simple"
+    assert "already decodes speculatively (draft)" in rung.check(CPU, rung.apply(llama))
+    assert "serving engine's setting" in rung.check(CPU, candidate(engine="onnxruntime"))
+    assert "n-gram lookup, not draft" in rung.check(CPU, candidate(engine="vllm"))
+    with pytest.raises(ConfigError, match=r"could not be built.*draft_model /nowhere does not exist"):
+        rung_from("speculative_draft", OmegaConf.create({"_target_": "optimizers.speculative_draft.DraftSpeculation",
+                                                         "draft_model": "/nowhere"}))

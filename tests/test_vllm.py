@@ -124,7 +124,8 @@ def sweep(model_dir, tmp_path_factory):
            "~rung@ladder.rungs.int4", "~rung@ladder.rungs.q4_0", "~rung@ladder.rungs.iq4_nl",
            "~rung@ladder.rungs.kv_cache_dtype", "~rung@ladder.rungs.speculative_ngram",
            "~rung@ladder.rungs.static_batching", "~rung@ladder.rungs.dynamic_batching",
-           "~rung@ladder.rungs.continuous_batching", "~rung@ladder.rungs.compute_threads"]
+           "~rung@ladder.rungs.continuous_batching", "~rung@ladder.rungs.compute_threads",
+           "~rung@ladder.rungs.speculative_draft"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     left = our_processes() - before

@@ -52,8 +52,10 @@ def rung_from(name: str, rung_cfg) -> Optimizer:
         opt = instantiate({key: value for key, value in rung_cfg.items() if key != "aim"})
     except InstantiationException as exc:
         cause = exc.__cause__ or exc
+        fix = (f"change the value the message names (conf/rung/{name}.yaml, or on the command line)"
+               if isinstance(cause, ValueError) else "keys must match the optimizer's arguments")
         raise ConfigError(f"rung {name!r} could not be built from its config: {cause}",
-                          f"check conf/rung/{name}.yaml: keys must match the optimizer's arguments") from None
+                          f"check conf/rung/{name}.yaml: {fix}") from None
     if not isinstance(opt, Optimizer):
         raise ConfigError(f"rung {name!r} has _target_ {rung_cfg.get('_target_')}, which is not an Optimizer",
                           "point _target_ at a class in optimizers/")

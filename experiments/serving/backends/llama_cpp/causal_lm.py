@@ -8,7 +8,8 @@ load for AVX2 / AVX-512 kernels), made from the user's own weights by llama-quan
 0: llama.cpp's defaults); prefix_caching -> its prompt cache and its host-memory copies of past prompts
 (--cache-ram, capped at its default 8 GiB), on as llama-server starts and as the swap enters (the load sends no
 prompt twice unless the workload repeats, so the cache cannot flatter it); off: --no-cache-prompt --cache-ram 0.
-recipe.threads -> --threads (decoding), with --threads-batch keeping the sweep's `threads` for prompts.
+recipe.threads -> --threads (decoding), with --threads-batch keeping the sweep's `threads` for prompts;
+speculative draft -> --spec-type draft-simple --model-draft (the draft's GGUF, or a Q8_0 made from its folder).
 
 llama-server returns no prompt log-probs (it ignores `echo`), so each position is scored by asking for one token
 with that position's real next token forced by a logit bias: the probabilities it reports come from the raw
@@ -56,6 +57,7 @@ class LlamaCppEngine(ServedEngine):
     metric_names = LLAMA_CPP
     caches_prefixes_by_default = True   # cache_prompt, and --cache-ram's host-memory copies of past prompts
     weight_formats = tuple(FORMATS)
+    draft: Path | None = None           # the draft model's GGUF, when it decodes speculatively with one
 
     @classmethod
     def refuses(cls, cand: Candidate) -> str | None:
@@ -72,8 +74,10 @@ class LlamaCppEngine(ServedEngine):
             return "llama-server batches continuously over its slots; its batching rung is server_batching"
         if r.kv_cache_dtype not in ("auto", "int8"):
             return f"llama.cpp's KV cache here is the model's precision or int8 (q8_0), not {r.kv_cache_dtype}"
-        if r.speculative not in ("none", "ngram"):
-            return f"llama-server's speculative decoding here is n-gram lookup, not {r.speculative}"
+        if r.speculative not in ("none", "ngram", "draft"):
+            return f"llama-server's speculative decoding here is n-gram lookup or a draft model, not {r.speculative}"
+        if r.speculative == "draft" and not Path(r.draft_model).exists():
+            return f"the draft model {r.draft_model or '(none named)'} does not exist"
         if r.devices_per_replica > 1:
             return "llama.cpp here serves on one CPU: no tensor or pipeline parallelism"
         return beyond_embedding_refusal(cand.target.model_dir)
@@ -84,30 +88,36 @@ class LlamaCppEngine(ServedEngine):
 
     def server_command(self, cand: Candidate, threads: int) -> tuple[list[str], dict[str, str]]:
         build = LlamaCppBuild().ensure(engines_home())
-        self.gguf = self._gguf(build, cand)
-        return command(cand, build / "bin" / "llama-server", self.gguf, threads, self.context_length()), {}
+        self.gguf, self.reused = self._gguf(build, Path(cand.target.model_dir), gguf_type(cand.recipe),
+                                            cand.target.name)
+        self.draft = self._draft(build, Path(cand.recipe.draft_model)) if cand.recipe.speculative == "draft" else None
+        return command(cand, build / "bin" / "llama-server", self.gguf, threads, self.context_length(),
+                       self.draft), {}
 
-    def _gguf(self, build: Path, cand: Candidate) -> Path:
-        kind = gguf_type(cand.recipe)
-        key = {"source": model_identity(cand.target.model_dir), "type": kind, "llama.cpp": LlamaCppBuild().version}
+    def _gguf(self, build: Path, model_dir: Path, kind: str, name: str) -> tuple[Path, bool]:
+        """(the `kind` GGUF of the weights in `model_dir`, made once; whether it was reused)."""
+        key = {"source": model_identity(model_dir), "type": kind, "llama.cpp": LlamaCppBuild().version}
 
         def make(tmp: Path) -> None:
             log_path = tmp / "convert.log"
             with open(log_path, "w") as log:
-                gguf_of(build, Path(cand.target.model_dir), tmp / "model.gguf", kind,
-                        Step(log, log_path, f"the {kind} GGUF of {cand.target.name}"))
+                gguf_of(build, model_dir, tmp / "model.gguf", kind, Step(log, log_path, f"the {kind} GGUF of {name}"))
 
-        folder, self.reused = cached(self.artefact_root, f"gguf-{kind.lower()}", key, make)
-        return folder / "model.gguf"
+        folder, reused = cached(self.artefact_root, f"gguf-{kind.lower()}", key, make)
+        return folder / "model.gguf", reused
+
+    def _draft(self, build: Path, draft: Path) -> Path:
+        """The draft model as llama-server loads it: a GGUF as given, a folder as a Q8_0 made from it."""
+        return draft if draft.is_file() else self._gguf(build, draft, QUANTIZED["int8"], f"draft {draft.name}")[0]
 
     def described(self) -> dict[str, str]:
         build = LlamaCppBuild()
         return {**super().described(), "version": build.version, "environment": str(build.folder()),
                 "requirements": f"{build.source} (vendored llama.cpp, built with {' '.join(CMAKE_FLAGS)})",
-                "gguf": str(self.gguf)}
+                "gguf": str(self.gguf), **({"draft": str(self.draft)} if self.draft else {})}
 
     def artefact_paths(self) -> list[Path]:
-        return [self.gguf]
+        return [self.gguf, *([self.draft] if self.draft else [])]
 
     def bounded_cache_mb(self) -> float | None:
         return float(CACHE_RAM_MIB) if self.recipe.prefix_caching else None
@@ -146,7 +156,8 @@ class LlamaCppEngine(ServedEngine):
         return self._post("/completion", {"prompt": [int(t) for t in prompt_ids], "temperature": 0.0, **fields})
 
 
-def command(cand: Candidate, server: Path, gguf: Path, threads: int, model_context: int) -> list[str]:
+def command(cand: Candidate, server: Path, gguf: Path, threads: int, model_context: int,
+            draft: Path | None = None) -> list[str]:
     r = cand.recipe
     if r.defaults:
         # as a user starts it: the model and where to listen; --metrics only opens /metrics (what the load
@@ -173,6 +184,9 @@ def command(cand: Candidate, server: Path, gguf: Path, threads: int, model_conte
         args += ["--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--flash-attn", "on"]
     if r.speculative == "ngram":
         args += ["--spec-type", "ngram-simple"]
+    if r.speculative == "draft":
+        # the draft model proposes tokens (as many as llama.cpp's default), the model verifies them in one step
+        args += ["--spec-type", "draft-simple", "--model-draft", str(draft)]
     return args
 
 
