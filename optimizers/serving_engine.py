@@ -15,6 +15,7 @@ from dataclasses import replace
 from experiments.core.recipe import Candidate, Env
 from experiments.core.reports import peak_in_flight
 from experiments.serving import engine_class, refusal
+from experiments.serving.backends.llama_cpp.build import LlamaCppBuild
 from optimizers.base import SERVING_ENGINES, Optimizer
 
 
@@ -52,6 +53,8 @@ class ServingEngineSwap(Optimizer):
         if self.tensor_parallel > 1 and (env.cuda_device_count or 0) < self.tensor_parallel:
             return (f"tensor_parallel={self.tensor_parallel} needs {self.tensor_parallel} CUDA devices on this "
                     f"node; it has {env.cuda_device_count or 0}")
+        if self.engine == "llama.cpp":
+            return LlamaCppBuild().unbuildable()
         return None
 
     def check(self, env: Env, cand: Candidate) -> str | None:

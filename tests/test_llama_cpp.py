@@ -2,8 +2,9 @@
 llama.cpp's own converter, as our torch engine computes it; its forced-token scores exact; Q8_0 made from the same
 weights; a folder the converter refuses is one clear error; nothing left running.
 
-The compile is too long for CI's budget beside the suite: these tests run where the build is in the engines'
-cache (`make llama-cpp` makes it), or with ROI_TEST_LLAMA_CPP=1, which builds it; elsewhere they skip saying so."""
+They run where the build is in the engines' cache (`make llama-cpp` makes it, ~6-10 min once per machine), and
+with ROI_TEST_LLAMA_CPP=1, which builds it first: `make test` (and so CI) sets it, so a new machine runs llama.cpp
+for real too; elsewhere (a bare pytest, `make test-fast`) they skip saying so."""
 from __future__ import annotations
 
 import json

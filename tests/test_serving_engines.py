@@ -3,6 +3,7 @@ becomes, the swap rung, fidelity from a server's top-K log-probs, and the pause 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -496,3 +497,23 @@ def test_a_draft_model_is_llama_servers_model_draft_and_skips_without_one(tmp_pa
     with pytest.raises(ConfigError, match=r"could not be built.*draft_model /nowhere does not exist"):
         rung_from("speculative_draft", OmegaConf.create({"_target_": "optimizers.speculative_draft.DraftSpeculation",
                                                          "draft_model": "/nowhere"}))
+
+
+def test_llama_cpp_unbuilt_without_its_tools_is_refused_before_any_work(monkeypatch, tmp_path):
+    """Where llama.cpp is not built and cmake, ninja or a compiler is missing, every llama.cpp rung skips (a
+    required one stops the sweep first: machine_check) naming what to install, and no build starts."""
+    import shutil as shutil_module
+
+    from experiments.serving.backends.llama_cpp.build import LlamaCppBuild
+
+    monkeypatch.setenv("ROI_ENGINES_HOME", str(tmp_path))      # nothing built here
+    monkeypatch.setattr(shutil_module, "which", lambda name: None if name in ("ninja", "c++", "g++", "clang++")
+                        else f"/usr/bin/{name}")
+    says = "compiling it needs ninja, a C++ compiler, not found on the PATH"
+    assert says in LlamaCppBuild().unbuildable()
+    assert says in ServingEngineSwap("llama.cpp").machine_check(CPU)
+    assert says in refusal(candidate(engine="llama.cpp", quantization="int8"))
+    with pytest.raises(EngineUnavailable, match=re.escape(says)):
+        LlamaCppBuild().ensure()
+    assert not list(tmp_path.iterdir())
+    assert ServingEngineSwap("vllm").machine_check(CPU) is None

@@ -114,22 +114,33 @@ def main(argv=None) -> None:
     _report(console, args.rungs, levels, found, float(cfg.gate.min_gain))
 
 
+def against_margin(lo: float, hi: float, margin: float) -> str:
+    """Whether a ratio's interval shows the two apart by more than the gate's margin, within it, or neither."""
+    low, high = 1 - margin, 1 / (1 - margin)
+    if hi < low or lo > high:
+        return "beyond the margin"
+    return "within the margin" if low <= lo and hi <= high else "undecided"
+
+
 def _report(console, rungs: str, levels: list[int], found: dict, margin: float) -> None:
     table = Table(title=f"{rungs}: behind roi-ladder serve / in process ({len(found['served'])} rounds)")
     for col in ("c", "tokens/s in process", "tokens/s served", "ratio [95 % CI]", "TPOT p50 in process",
                 "TPOT p50 served", "ratio [95 % CI]"):
         table.add_column(col, justify="right")
+    verdicts = []
     for i, c in enumerate(levels):
         row = [str(c)]
-        for k in (0, 1):
+        for k, what in enumerate(("tokens/s", "TPOT")):
             ours = [r[i][k] for r in found["in process"]]
             theirs = [r[i][k] for r in found["served"]]
             mid, lo, hi = ratio(theirs, ours)
             row += [f"{np.mean(ours):.1f}", f"{np.mean(theirs):.1f}", f"×{mid:.3f} [{lo:.3f}, {hi:.3f}]"]
+            verdicts.append(f"{what} at c={c}: {against_margin(lo, hi, margin)}")
         table.add_row(*row)
     console.print(table)
-    console.print(f"the gate's margin: {margin:.0%}; a ratio whose interval lies beyond ×{1 - margin:.2f} or "
-                  f"×{1 / (1 - margin):.2f} means the sweep's in-process figure is not what serving delivers")
+    console.print(f"against the gate's margin ({margin:.0%}: ×{1 - margin:.2f} to ×{1 / (1 - margin):.2f}): "
+                  + "; ".join(verdicts))
+    console.print("beyond it, the sweep's in-process figure is not what serving delivers")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from experiments.serving.environments import Step, engines_home, made_once
+from experiments.serving.environments import EngineUnavailable, Step, engines_home, made_once
 
 SOURCE = "llama-cpp-python==0.3.36"       # vendors llama.cpp; its version names the build
 # static: the binaries are moved out of the build tree, whose shared libraries they would otherwise look for.
@@ -30,6 +30,8 @@ CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_
                "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF", f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
 TARGETS = ("llama-server", "llama-quantize")
+# What the compile needs on the PATH: a tool, and the executables any of which is it
+TOOLS = {"cmake": ("cmake",), "ninja": ("ninja",), "a C++ compiler": ("c++", "g++", "clang++")}
 CONVERTER_PACKAGES = ("conversion", "gguf-py")    # what convert_hf_to_gguf.py imports beside it
 
 
@@ -47,8 +49,21 @@ class LlamaCppBuild:
         spec = hashlib.sha256(" ".join((*CMAKE_FLAGS, *TARGETS)).encode()).hexdigest()[:8]
         return (home or engines_home()) / f"llama.cpp-{self.version}-{self.device}-native-{spec}"
 
+    def unbuildable(self, home: Path | None = None) -> str | None:
+        """Why llama.cpp can be neither found built nor compiled here (the tools it lacks), or None."""
+        if (self.folder(home) / "roi-engine.json").is_file():
+            return None
+        missing = [tool for tool, names in TOOLS.items() if not any(shutil.which(n) for n in names)]
+        if not missing:
+            return None
+        return (f"llama.cpp is not built on this machine and compiling it needs {', '.join(missing)}, not found on "
+                f"the PATH: install them (Debian/Ubuntu: apt install cmake g++ ninja-build; or pip install cmake "
+                f"ninja), see docs/serving.md")
+
     def ensure(self, home: Path | None = None, note=print) -> Path:
         """The build's folder: bin/llama-server, bin/llama-quantize, convert_hf_to_gguf.py, gguf-py/."""
+        if reason := self.unbuildable(home):
+            raise EngineUnavailable(reason)
         return made_once(self.folder(home), self._build, f"llama.cpp {self.version} (llama-server, compiled for "
                          f"this CPU, ~10 min on 2 cores)", note)
 

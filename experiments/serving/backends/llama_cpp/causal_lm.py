@@ -80,7 +80,7 @@ class LlamaCppEngine(ServedEngine):
             return f"the draft model {r.draft_model or '(none named)'} does not exist"
         if r.devices_per_replica > 1:
             return "llama.cpp here serves on one CPU: no tensor or pipeline parallelism"
-        return beyond_embedding_refusal(cand.target.model_dir)
+        return LlamaCppBuild().unbuildable() or beyond_embedding_refusal(cand.target.model_dir)
 
     @classmethod
     def batches_continuously(cls, recipe, scheduler: str) -> dict | None:
