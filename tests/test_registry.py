@@ -251,6 +251,9 @@ def test_champion_loads_as_pyfunc_and_continues_prompts_like_the_engine(cfg, swe
     from experiments.serving import build_engine
 
     registry.promote(cfg.tracking, sweep["baseline"], None)
+    # what the version records names no folder of this machine: where it loads, it finds its own cache
+    assert "cache_dir" not in (mlflow.pyfunc.load_model(f"models:/{NAME}@champion").metadata
+                               .flavors["python_function"].get("model_config") or {})
     model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion", model_config={"cache_dir": str(SHARED_CACHE)})
     prompts = ["def __init__(self, name):\n", "import os\nimport sys\n\n"]
     out = model.predict(prompts, params={"max_new_tokens": 12})
@@ -343,3 +346,11 @@ def test_roi_ladder_soak_soaks_the_rungs_recipe_and_records_it_where_promote_rea
     else:
         with pytest.raises(ConfigError):
             registry.promote(cfg.tracking, rid, None)
+
+
+def test_a_loaded_version_finds_its_cache_where_it_loads(monkeypatch, tmp_path):
+    monkeypatch.delenv("ROI_LADDER_HOME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert packaged.load_cache_dir() == tmp_path / ".roi" / "cache"
+    monkeypatch.setenv("ROI_LADDER_HOME", str(tmp_path / "home"))
+    assert packaged.load_cache_dir() == tmp_path / "home" / "cache"

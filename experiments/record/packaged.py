@@ -4,6 +4,7 @@ environment — as tags of its registered version (server.*), and `roi-ladder se
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import mlflow
@@ -23,6 +24,12 @@ def candidate_of(package: dict, cache_dir: Path) -> Candidate:
     t = package["target"]
     target = Target(t["name"], t["kind"], _model_dir(t, cache_dir))
     return Candidate(target, Recipe(**package["recipe"]), tuple(package["rungs"]))
+
+
+def load_cache_dir() -> Path:
+    """Where a loaded version finds (or builds) its model and artefacts: $ROI_LADDER_HOME/cache, else .roi/cache in
+    the current folder, as a sweep started there keeps them (conf/config.yaml's data_dir and cache_dir)."""
+    return Path(os.environ.get("ROI_LADDER_HOME") or ".roi").expanduser().absolute() / "cache"
 
 
 def server_tags(run_tags: dict[str, str]) -> dict[str, str]:

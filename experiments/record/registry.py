@@ -175,7 +175,8 @@ def _log_package(run, sweep) -> str:
                 artifacts={"recipe": str(recipe_file), "config": str(config_file)},
                 # Explicit, so MLflow does not load the model in a subprocess to infer them.
                 pip_requirements=_requirements(),
-                model_config={"cache_dir": str(config.cache_dir), "threads": int(config.threads)})
+                # no cache folder (this machine's): where a version loads, packaged.load_cache_dir() finds one
+                model_config={"threads": int(config.threads)})
     return info.model_uri
 
 
@@ -230,7 +231,8 @@ class CandidateModel(PythonModel):
     def load_context(self, context) -> None:
         package = json.loads(Path(context.artifacts["recipe"]).read_text())
         settings = context.model_config or {}
-        cache_dir = Path(settings["cache_dir"])
+        # a version promoted before records its promoting machine's folder; load_model(model_config=) may set one
+        cache_dir = Path(settings["cache_dir"]) if settings.get("cache_dir") else packaged.load_cache_dir()
         candidate = packaged.candidate_of(package, cache_dir)
         self.engine = build_engine(candidate, int(settings.get("threads", 1)), cache_dir / "artefacts")
         if not self.engine.decodes:   # an encoder: its texts are tokenized as the sweep's workload was
