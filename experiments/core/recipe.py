@@ -40,7 +40,8 @@ class Recipe:
     scheduler: str = "transformers"
     # Serving engines only (vLLM, llama.cpp, SGLang, TensorRT-LLM); each engine says which values it takes.
     kv_cache_dtype: str = "auto"     # auto (the model's precision) | int8 | fp8: the KV cache's stored type
-    speculative: str = "none"        # none | ngram (drafts looked up in the prompt) | draft (a draft model's), verified in one step
+    # none | ngram (tokens drafted from the prompt) | draft (by a draft model), verified in one step
+    speculative: str = "none"
     draft_model: str = ""            # speculative draft: the draft model (a GGUF file or a Hugging Face folder)
     tensor_parallel: int = 1         # devices one replica's layers are split across
     pipeline_parallel: int = 1       # stages one replica's layers are cut into (vLLM: Ray beyond one node)
