@@ -253,8 +253,8 @@ def test_champion_loads_as_pyfunc_and_continues_prompts_like_the_engine(cfg, swe
     registry.promote(cfg.tracking, sweep["baseline"], None)
     # what the version records names no folder of this machine: where it loads, it finds its own cache
     # (read from its MLmodel file: loading it here would build the model into this folder's .roi/cache)
-    assert "cache_dir" not in (mlflow.models.get_model_info(f"models:/{NAME}@champion")
-                               .flavors["python_function"].get("model_config") or {})
+    assert mlflow.models.get_model_info(f"models:/{NAME}@champion").flavors["python_function"]["config"] == \
+        {"cache_dir": None, "threads": 2}
     model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion", model_config={"cache_dir": str(SHARED_CACHE)})
     prompts = ["def __init__(self, name):\n", "import os\nimport sys\n\n"]
     out = model.predict(prompts, params={"max_new_tokens": 12})

@@ -175,8 +175,9 @@ def _log_package(run, sweep) -> str:
                 artifacts={"recipe": str(recipe_file), "config": str(config_file)},
                 # Explicit, so MLflow does not load the model in a subprocess to infer them.
                 pip_requirements=_requirements(),
-                # no cache folder (this machine's): where a version loads, packaged.load_cache_dir() finds one
-                model_config={"threads": int(config.threads)})
+                # no cache folder (this machine's): where a version loads, packaged.load_cache_dir() finds one, or
+                # load_model(model_config=) names it (MLflow overrides only the keys logged, hence None)
+                model_config={"cache_dir": None, "threads": int(config.threads)})
     return info.model_uri
 
 
