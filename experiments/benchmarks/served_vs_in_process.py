@@ -32,6 +32,7 @@ from experiments.serving.server_process import ServerProcess
 from experiments.serving.servers import serve
 from experiments.targets.resolve import texts_unbuilt
 from experiments.targets.workload import LADDER, Workload
+from optimizers.base import SERVING_ENGINES
 
 SIDES = ("in process", "served")
 
@@ -85,7 +86,7 @@ def main(argv=None) -> None:
     console = Console()
     cfg = compose_default(overrides)
     cand = candidate(cfg, args.rungs.split(","), console.print)
-    if cand.recipe.engine in ("vllm", "llama.cpp", "sglang", "tensorrt-llm"):
+    if cand.recipe.engine in SERVING_ENGINES:
         raise SystemExit(f"{args.rungs} runs a serving engine's own server: nothing in process to compare")
     tokenizer = AutoTokenizer.from_pretrained(cand.target.model_dir)
     wl, load = cfg.target.workload, cfg.benchmark
